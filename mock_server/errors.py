@@ -1,0 +1,70 @@
+"""Domain errors of the Whitney contract.
+
+Each error carries the HTTP status and the ``error.type`` of the ERR-1 envelope, but no HTTP
+machinery: the state machine raises them, and ``responses.py`` renders them in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WhitneyError(Exception):
+    """An error the contract names: ``status`` plus envelope ``{"type", "message", "details"}``."""
+
+    status: int = 500
+    type: str = "internal_error"
+
+    def __init__(self, message: str, *, type: str | None = None, details: dict[str, Any] | None = None,
+                 status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if type is not None:
+            self.type = type
+        if status is not None:
+            self.status = status
+        self.details = details or {}
+
+    def envelope(self) -> dict[str, Any]:
+        return {"error": self.inner()}
+
+    def inner(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "details": self.details}
+
+
+class MalformedJSON(WhitneyError):
+    status, type = 400, "malformed_json"
+
+
+class Unauthorized(WhitneyError):
+    status, type = 401, "unauthorized"
+
+
+class NotFound(WhitneyError):
+    """Unknown or foreign resource (SEC-2: never 403)."""
+
+    status, type = 404, "not_found"
+
+
+class Conflict(WhitneyError):
+    """State or ordering conflict; ``type`` names which (seq_gap, no_gradients ...)."""
+
+    status = 409
+
+
+class BodyTooLarge(WhitneyError):
+    status, type = 413, "body_too_large"
+
+
+class ValidationFailed(WhitneyError):
+    """422: wrong types, out-of-range or non-finite values, per-request limits, unknown fields."""
+
+    status, type = 422, "validation_error"
+
+
+class Throttled(WhitneyError):
+    status, type = 429, "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after

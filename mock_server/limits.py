@@ -1,0 +1,49 @@
+"""Limits and feature flags the mock publishes in ``GET /capabilities`` (DISC-1) and enforces."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits (422 ``limit_exceeded``) and quotas (409 ``quota_exceeded``).
+
+    Defaults suit tests: generous enough for the benchmarks (64 datums x 1024 tokens), small
+    enough that a runaway client hits a clear error instead of exhausting memory.
+    """
+
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_datums_per_request: int = 256
+    max_tokens_per_request: int = 131_072
+    max_num_samples: int = 64
+    max_sample_tokens: int = 1024
+    order_wait_ms: int = 2000
+    max_sessions: int = 64
+    max_runs_per_session: int = 16
+    max_versions_per_run: int = 2048
+    min_ttl_seconds: int = 1
+    max_ttl_seconds: int = 86_400
+
+    def with_overrides(self, overrides: dict[str, Any] | None) -> "Limits":
+        if not overrides:
+            return self
+        known = {f.name for f in fields(self)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ValueError(f"unknown limit(s): {sorted(unknown)}; known: {sorted(known)}")
+        return replace(self, **overrides)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Features:
+    deterministic_sampling: bool = True
+    session_ttl: bool = True
+    logprob_tolerance: float = 1e-6
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,170 @@
+"""HTTP endpoints (Starlette): parse and validate, call the Backend, render JSON.
+
+This is the only module that turns ``WhitneyError`` into the ERR-1 envelope. It holds no state
+of its own: every endpoint reads ``request.app.state.backend``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from . import schemas
+from .errors import BodyTooLarge, WhitneyError
+from .state import Backend
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    body = content if isinstance(content, bytes) else orjson.dumps(content)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(exc: WhitneyError) -> Response:
+    headers = {}
+    if getattr(exc, "retry_after", None) is not None:
+        headers["Retry-After"] = str(max(0, round(exc.retry_after)))  # type: ignore[attr-defined]
+    return json_response(exc.envelope(), exc.status, headers)
+
+
+async def whitney_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, WhitneyError)
+    return error_response(exc)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in the envelope, not plain text (ERR-1)."""
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    headers = dict(exc.headers or {})
+    return json_response({"error": {"type": kind, "message": str(exc.detail), "details": {}}},
+                         exc.status_code, headers)
+
+
+def _backend(request: Request) -> Backend:
+    return request.app.state.backend  # type: ignore[no-any-return]
+
+
+def _key(request: Request) -> str:
+    backend = _backend(request)
+    backend.tick()
+    return backend.authenticate(request.headers.get("authorization"))
+
+
+async def read_body(request: Request) -> bytes:
+    """Read the body, refusing it with 413 before it is read whole (ERR-2)."""
+    limit = _backend(request).limits.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"body of {declared} bytes exceeds max_body_bytes {limit}",
+                           details={"max_body_bytes": limit})
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body exceeds max_body_bytes {limit}",
+                               details={"max_body_bytes": limit})
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _body(request: Request, model: type[schemas._Body]) -> tuple[Any, Any]:
+    payload = schemas.parse_json(await read_body(request))
+    return schemas.validate(model, payload), payload
+
+
+# -- discovery and lifecycle ----------------------------------------------------------------
+async def capabilities(request: Request) -> Response:
+    _key(request)
+    return json_response(_backend(request).capabilities())
+
+
+async def create_session(request: Request) -> Response:
+    key = _key(request)
+    body, _ = await _body(request, schemas.CreateSession)
+    return json_response(_backend(request).create_session(key=key, body=body), 201)
+
+
+async def get_session(request: Request) -> Response:
+    key = _key(request)
+    return json_response(_backend(request).get_session(
+        key=key, session_id=request.path_params["session_id"]))
+
+
+async def heartbeat(request: Request) -> Response:
+    key = _key(request)
+    await _body(request, schemas.Empty)
+    return json_response(_backend(request).heartbeat(
+        key=key, session_id=request.path_params["session_id"]))
+
+
+async def close_session(request: Request) -> Response:
+    key = _key(request)
+    await _body(request, schemas.Empty)
+    return json_response(_backend(request).close_session(
+        key=key, session_id=request.path_params["session_id"]))
+
+
+async def create_run(request: Request) -> Response:
+    key = _key(request)
+    body, _ = await _body(request, schemas.CreateRun)
+    return json_response(_backend(request).create_run(
+        key=key, session_id=request.path_params["session_id"], body=body), 201)
+
+
+async def get_run(request: Request) -> Response:
+    key = _key(request)
+    return json_response(_backend(request).get_run(key=key, run_id=request.path_params["run_id"]))
+
+
+async def finish_run(request: Request) -> Response:
+    key = _key(request)
+    await _body(request, schemas.Empty)
+    return json_response(_backend(request).finish_run(
+        key=key, run_id=request.path_params["run_id"]))
+
+
+async def cancel_run(request: Request) -> Response:
+    key = _key(request)
+    await _body(request, schemas.Empty)
+    status, view = _backend(request).cancel_run(key=key, run_id=request.path_params["run_id"])
+    return json_response(view, status)
+
+
+async def get_operation(request: Request) -> Response:
+    key = _key(request)
+    return json_response(_backend(request).operation(
+        key=key, run_id=request.path_params["run_id"], seq=request.path_params["seq"]))
+
+
+async def get_export_file(request: Request) -> Response:
+    key = _key(request)
+    name = request.path_params["name"]
+    data = _backend(request).export_file(key=key, run_id=request.path_params["run_id"],
+                                         export_id=request.path_params["export_id"], name=name)
+    media = "application/json" if name.endswith(".json") else "application/octet-stream"
+    return Response(data, media_type=media)
+
+
+# -- primitives (ORD-1..5) ------------------------------------------------------------------
+def primitive_endpoint(primitive: str) -> Any:
+    """One endpoint per primitive: validate, then execute at the body's turn in the sequence."""
+    model = schemas.PRIMITIVE_BODIES[primitive]
+
+    async def endpoint(request: Request) -> Response:
+        key = _key(request)
+        run_id = request.path_params["run_id"]
+        backend = _backend(request)
+        backend.owned_run(key, run_id)  # 404 before the body is read
+        body, payload = await _body(request, model)
+        outcome = await backend.submit(key=key, run_id=run_id, primitive=primitive, body=body,
+                                       digest=schemas.canonical_digest(payload))
+        headers = {"Whitney-Replayed": "true"} if outcome.replayed else None
+        return json_response(outcome.payload, outcome.status, headers)
+
+    endpoint.__name__ = primitive
+    return endpoint
