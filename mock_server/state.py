@@ -134,6 +134,8 @@ class Backend:
         self.runs: dict[str, Run] = {}
         self.checkpoints: dict[str, tuple[str, Checkpoint]] = {}  # id -> (session_id, ckpt)
         self._closed: deque[str] = deque()
+        self._timed: dict[str, float] = {}  # open sessions with a TTL -> expires_at
+        self._cancelling: dict[str, float] = {}  # cancelling runs -> when they read cancelled
         self._counter = 0
 
     # -- helpers used by primitives -------------------------------------------------------
@@ -186,23 +188,25 @@ class Backend:
 
     # -- time: expiry, cancellation, retention (evaluated lazily, on every request) ---------
     def tick(self) -> None:
+        """Apply what time has done: TTL expiry (LIFE-4) and ends of ``cancelling`` (LIFE-7)."""
         now = self.clock()
-        for session in list(self.sessions.values()):
-            if session.state == "open" and session.expires_at is not None \
-                    and now >= session.expires_at:
-                session.state = "expired"  # LIFE-4
-                for run_id in session.run_ids:
-                    run = self.runs[run_id]
-                    if run.state not in TERMINAL:
-                        self._fail_held(run, "run_cancelled", "the session expired")
-                        run.state = "cancelled"
-                self._retire(session)
-        for run in self.runs.values():
-            self._settle(run, now)
+        for session_id in [sid for sid, expires in self._timed.items() if now >= expires]:
+            del self._timed[session_id]
+            session = self.sessions[session_id]
+            session.state = "expired"
+            for run_id in session.run_ids:
+                run = self.runs[run_id]
+                if run.state not in TERMINAL:
+                    self._fail_held(run, "run_cancelled", "the session expired")
+                    run.state = "cancelled"
+            self._retire(session)
+        for run_id in [rid for rid, at in self._cancelling.items() if now >= at]:
+            self._settle(self.runs[run_id], now)
 
     def _settle(self, run: Run, now: float | None = None) -> None:
         if run.state == "cancelling" and (now or self.clock()) >= (run.cancel_at or 0):
             run.state = "cancelled"
+            self._cancelling.pop(run.run_id, None)
 
     def _retire(self, session: Session) -> None:
         """Free a closed session's weights now; forget it entirely after ``closed_retention``."""
@@ -252,6 +256,8 @@ class Backend:
         session = Session(self.new_id("sess"), key, now, ttl, None if ttl is None else now + ttl,
                           dict(body.metadata or {}))
         self.sessions[session.session_id] = session
+        if session.expires_at is not None:
+            self._timed[session.session_id] = session.expires_at
         return self.session_view(session)
 
     def get_session(self, *, key: str, session_id: str) -> dict[str, Any]:
@@ -263,7 +269,7 @@ class Backend:
         if session.state != "open":
             raise Conflict(f"session is {session.state}", type="session_not_open")
         if session.ttl_seconds is not None:
-            session.expires_at = self.clock() + session.ttl_seconds
+            session.expires_at = self._timed[session_id] = self.clock() + session.ttl_seconds
         return self.session_view(session)
 
     def close_session(self, *, key: str, session_id: str) -> dict[str, Any]:
@@ -277,6 +283,7 @@ class Backend:
                            "and poll until terminal", type="runs_not_terminal",
                            details={"run_ids": busy})
         session.state = "closed"
+        self._timed.pop(session_id, None)
         view = self.session_view(session)
         self._retire(session)
         return view
@@ -342,7 +349,7 @@ class Backend:
             return 200, self.run_view(run)
         if run.state == "active":
             run.state = "cancelling"
-            run.cancel_at = self.clock() + self.cancel_delay_ms / 1000
+            run.cancel_at = self._cancelling[run.run_id] = self.clock() + self.cancel_delay_ms / 1000
             self._fail_held(run, "run_cancelled", "the run was cancelled")
         return 202, self.run_view(run)
 
