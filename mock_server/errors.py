@@ -57,9 +57,30 @@ class BodyTooLarge(WhitneyError):
 
 
 class ValidationFailed(WhitneyError):
-    """422: wrong types, out-of-range or non-finite values, per-request limits, unknown fields."""
+    """422: wrong types, out-of-range or non-finite values, per-request limits, unknown fields.
+
+    A ``details["loc"]`` given as a dotted path (``"data[0].loss_inputs.mask"``) becomes the
+    contract's ``details.errors = [{"loc": ["data", 0, "loss_inputs", "mask"], "msg": ...}]``.
+    """
 
     status, type = 422, "validation_error"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        loc = self.details.pop("loc", None)
+        if loc is not None and "errors" not in self.details:
+            self.details["errors"] = [{"loc": split_loc(loc), "msg": message}]
+
+
+def split_loc(path: str) -> list[str | int]:
+    """``"data[0].model_input.token_ids[3]"`` -> ``["data", 0, "model_input", "token_ids", 3]``."""
+    parts: list[str | int] = []
+    for piece in path.replace("[", ".[").split("."):
+        if piece.startswith("[") and piece.endswith("]") and piece[1:-1].isdigit():
+            parts.append(int(piece[1:-1]))
+        elif piece:
+            parts.append(piece)
+    return parts
 
 
 class Throttled(WhitneyError):

@@ -146,8 +146,8 @@ def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
                                         config, need_grad=backward)
         loss = float(result.loss)
         if not math.isfinite(loss):
-            raise ValidationFailed("the loss is not finite for these inputs (check logprobs "
-                                   "and advantages)", type="non_finite_loss")
+            raise Conflict("the loss is not finite for the current weights and these inputs "
+                           "(check logprobs and advantages)", type="non_finite_loss")
         if backward:
             run.accumulate(result.grads)
         return {

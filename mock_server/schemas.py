@@ -32,7 +32,7 @@ class Empty(_Body):
 
 
 class CreateSession(_Body):
-    ttl_seconds: int | None = None
+    ttl_seconds: Annotated[int, Field(ge=1)] | None = None
     metadata: dict[str, str] | None = None
 
 
@@ -49,7 +49,7 @@ class CreateRun(_Body):
 
 
 class ModelInput(_Body):
-    token_ids: list[TokenId]
+    token_ids: Annotated[list[TokenId], Field(min_length=1)]
 
 
 class Datum(_Body):

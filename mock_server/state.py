@@ -382,9 +382,7 @@ class Backend:
                 raise Conflict(f"seq {seq} was already used with a different body",
                                type="seq_conflict", details={"seq": seq})
             return Outcome(recorded.status, recorded.payload, replayed=True)
-        if run.state == "cancelling":
-            raise Conflict("the run is being cancelled", type="run_cancelled")
-        if run.state != "active":
+        if run.state != "active":  # LIFE-8 (run_cancelled is for requests already held)
             raise Conflict(f"run is {run.state}", type="run_not_active")
         thunk = PREPARERS[primitive](self, run, body)  # 422s: refused before its turn
         if seq == run.next_seq:

@@ -1,0 +1,551 @@
+"""Static checks of ``openapi.yaml`` against the prose contract (``whitney-contract.md``).
+
+The references are independent of the YAML: the contract text (rule ids, error names, the
+DISC-1 field lists), the section 4a ranges typed out below, and JSON Schema 2020-12 semantics
+(``jsonschema``) applied to hand-built bodies. No server is involved.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate as validate_openapi
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_PATH = ROOT / "openapi.yaml"
+CONTRACT_CANDIDATES = [
+    Path(os.environ["WHITNEY_CONTRACT"]) if os.environ.get("WHITNEY_CONTRACT") else None,
+    ROOT / "docs" / "whitney-contract.md",
+    Path("/work/shared/whitney-contract.md"),
+]
+BASE_URI = "urn:whitney:openapi"
+PRIMITIVES = ["forward", "forward_backward", "optim_step", "save_weights_for_sampler", "sample",
+              "logprobs", "save_state", "load_state", "export_lora"]
+METHODS = {"get", "post", "put", "patch", "delete", "head", "options", "trace"}
+Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+# ----------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def spec_text() -> str:
+    return SPEC_PATH.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def spec(spec_text: str) -> dict[str, Any]:
+    return yaml.load(spec_text, Loader=Loader)
+
+
+@pytest.fixture(scope="module")
+def contract() -> str:
+    for path in CONTRACT_CANDIDATES:
+        if path is not None and path.is_file():
+            return path.read_text(encoding="utf-8")
+    pytest.skip("whitney-contract.md not found (set WHITNEY_CONTRACT)")
+
+
+@pytest.fixture(scope="module")
+def registry(spec: dict[str, Any]) -> Registry:
+    return Registry().with_resource(BASE_URI, DRAFT202012.create_resource(spec))
+
+
+def pointer(*parts: Any) -> str:
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def validator_at(registry: Registry, json_pointer: str) -> Draft202012Validator:
+    """A 2020-12 validator for the schema at ``json_pointer`` inside the spec (refs resolved)."""
+    ref = {"$ref": f"{BASE_URI}#{quote(json_pointer, safe='/~')}"}
+    return Draft202012Validator(ref, registry=registry,
+                                format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def resolve(spec: dict[str, Any], node: Any) -> Any:
+    while isinstance(node, dict) and "$ref" in node:
+        assert node["$ref"].startswith("#/"), node["$ref"]
+        target: Any = spec
+        for part in node["$ref"][2:].split("/"):
+            target = target[part.replace("~1", "/").replace("~0", "~")]
+        node = target
+    return node
+
+
+def operations(spec: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            if method in METHODS:
+                yield path, method, op
+
+
+def responses(spec: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any]]]:
+    for path, method, op in operations(spec):
+        for status, response in op["responses"].items():
+            yield path, method, status, resolve(spec, response)
+
+
+# ----------------------------------------------------------------------------------- the document
+def test_spec_is_valid_openapi_3_1(spec: dict[str, Any]) -> None:
+    validate_openapi(spec)
+    assert spec["openapi"] == "3.1.0"
+    assert spec["servers"] == [{"url": "/"}]
+
+
+def test_info_version_matches_contract_version(spec: dict[str, Any]) -> None:
+    """DISC-1: ``contract_version`` is "1.0"; the document's version says the same."""
+    assert spec["info"]["version"] == "1.0"
+    caps = spec["components"]["schemas"]["Capabilities"]["properties"]["contract_version"]
+    assert caps["const"] == spec["info"]["version"]
+
+
+def test_every_contract_rule_id_appears_in_the_spec(spec_text: str, contract: str) -> None:
+    rule_ids = set(re.findall(r"[A-Z]+-\d+", contract))
+    assert len(rule_ids) >= 40  # the contract has ~40 rules; guards against a bad regex
+    missing = sorted(r for r in rule_ids if not re.search(rf"\b{re.escape(r)}\b", spec_text))
+    assert missing == []
+
+
+def test_contract_paths_are_all_present(spec: dict[str, Any]) -> None:
+    expected = {
+        "/v1/training/capabilities", "/v1/training/sessions",
+        "/v1/training/sessions/{session_id}", "/v1/training/sessions/{session_id}/heartbeat",
+        "/v1/training/sessions/{session_id}/close", "/v1/training/sessions/{session_id}/runs",
+        "/v1/training/runs/{run_id}", "/v1/training/runs/{run_id}/finish",
+        "/v1/training/runs/{run_id}/cancel", "/v1/training/runs/{run_id}/operations/{seq}",
+        "/v1/training/runs/{run_id}/exports/{export_id}/{name}",
+        "/_mock/trace", "/_mock/faults", "/_mock/reset",
+    } | {f"/v1/training/runs/{{run_id}}/{p}" for p in PRIMITIVES}
+    assert set(spec["paths"]) == expected
+
+
+def test_operation_ids_are_unique_snake_case(spec: dict[str, Any]) -> None:
+    ids = [op["operationId"] for _, _, op in operations(spec)]
+    assert len(ids) == len(set(ids))
+    assert all(re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", i) for i in ids), ids
+    for primitive in PRIMITIVES:
+        assert spec["paths"][f"/v1/training/runs/{{run_id}}/{primitive}"]["post"][
+            "operationId"] == primitive
+
+
+def test_bearer_auth_on_every_operation(spec: dict[str, Any]) -> None:
+    """SEC-1: every operation (the mock plane too) needs the bearer key and documents 401."""
+    scheme = spec["components"]["securitySchemes"]["bearerAuth"]
+    assert scheme == {**scheme, "type": "http", "scheme": "bearer"}
+    for path, method, op in operations(spec):
+        assert op.get("security", spec["security"]) == [{"bearerAuth": []}], (path, method)
+        assert "401" in op["responses"], (path, method)
+        if path.startswith("/_mock/"):
+            assert op["tags"] == ["mock-control-plane"], (path, method)
+        else:
+            assert path.startswith("/v1/training/"), path
+
+
+# ----------------------------------------------------------------------------------- responses
+def test_every_response_carries_x_request_id(spec: dict[str, Any]) -> None:
+    """TRANSPORT-1."""
+    for path, method, status, response in responses(spec):
+        header = resolve(spec, response.get("headers", {}).get("X-Request-Id"))
+        assert header and header["required"] is True, (path, method, status)
+
+
+def test_primitive_success_responses_declare_whitney_replayed(spec: dict[str, Any]) -> None:
+    """ORD-3: a replay carries ``Whitney-Replayed: true``; recorded failures can be replayed."""
+    for primitive in PRIMITIVES:
+        op = spec["paths"][f"/v1/training/runs/{{run_id}}/{primitive}"]["post"]
+        headers = resolve(spec, op["responses"]["200"])["headers"]
+        header = resolve(spec, headers["Whitney-Replayed"])
+        assert header["schema"] == {"type": "string", "enum": ["true"]}
+    recorded_failures = {"no_gradients", "version_conflict", "quota_exceeded",
+                         "version_not_found", "checkpoint_not_found"}
+    for path, _, status, response in responses(spec):
+        primitive_path = path.rsplit("/", 1)[-1] in PRIMITIVES
+        if primitive_path and recorded_failures & set(response.get("x-error-types", [])):
+            assert "Whitney-Replayed" in response["headers"], (path, status)
+
+
+def test_error_responses_use_the_one_error_envelope(spec: dict[str, Any]) -> None:
+    """ERR-1: every 4xx/5xx references ``Error`` and names its ``error.type`` values."""
+    for path, method, status, response in responses(spec):
+        if status[0] not in "45":
+            continue
+        media = response["content"]["application/json"]
+        assert media["schema"] == {"$ref": "#/components/schemas/Error"}, (path, status)
+        types = response.get("x-error-types")
+        assert types and all(re.fullmatch(r"[a-z][a-z0-9_]*", t) for t in types), (path, status)
+        if status == "429":
+            assert resolve(spec, response["headers"]["Retry-After"])["required"] is True
+
+
+def test_contract_statuses_are_documented_per_path(spec: dict[str, Any]) -> None:
+    """ERR-2: bodies can be malformed (400), too large (413) or invalid (422); all may be
+    throttled (429) or fault (5xx); resources by id may be unknown (404)."""
+    for path, method, op in operations(spec):
+        if path.startswith("/_mock/"):
+            continue
+        codes = set(op["responses"])
+        assert {"401", "429", "5XX"} <= codes, (path, method)
+        if method == "post":
+            assert {"400", "413", "422"} <= codes, (path, method)
+        if "{" in path:
+            assert "404" in codes, (path, method)
+    cancel = spec["paths"]["/v1/training/runs/{run_id}/cancel"]["post"]["responses"]
+    assert {"200", "202"} <= set(cancel)  # LIFE-7 active -> 202, LIFE-8 terminal -> 200
+    for path in ("/v1/training/sessions", "/v1/training/sessions/{session_id}/runs"):
+        assert "201" in spec["paths"][path]["post"]["responses"]
+
+
+def test_error_names_of_the_contract_are_documented_with_their_status(
+        spec: dict[str, Any], contract: str) -> None:
+    """Every ``<status> `name``` pair the contract spells out is in that status's x-error-types."""
+    pairs = set(re.findall(r"\b(4\d\d)\s+`([a-z_]+)`", contract))
+    pairs |= {("409", n) for n in re.findall(r"`run_not_active`/`(\w+)`/`(\w+)`", contract)[0]}
+    pairs |= {("422", "limit_exceeded"), ("401", "unauthorized"), ("429", "rate_limited")}
+    assert len(pairs) >= 18
+    documented = {(status, t) for _, _, status, r in responses(spec)
+                  for t in r.get("x-error-types", [])}
+    assert sorted(pairs - documented) == []
+
+
+def test_response_objects_the_contract_defines_are_closed(spec: dict[str, Any]) -> None:
+    """A server that invents response fields is caught; only declared extension points stay
+    open (``metrics``, ``details``, PEFT's ``adapter_config.json``, the mock plane)."""
+    open_ok = {"ForwardMetrics", "AdapterConfig", "ValidationErrorDetails"}
+    schemas = spec["components"]["schemas"]
+    seen: set[str] = set()
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                name = node["$ref"].rsplit("/", 1)[-1]
+                if name not in seen:
+                    seen.add(name)
+                    walk(schemas[name], name)
+                return
+            if node.get("type") == "object" and "properties" in node \
+                    and where.split(".")[0] not in open_ok and not where.endswith(".details"):
+                assert node.get("additionalProperties") is False, where
+            for key, value in node.items():
+                if key not in ("if", "then", "else"):  # conditional sub-checks, not shapes
+                    walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}[{i}]")
+
+    for path, method, status, response in responses(spec):
+        if path.startswith("/v1/training/"):  # the mock plane is not the contract
+            for media in response.get("content", {}).values():
+                walk(media["schema"], f"{method} {path} {status}")
+    assert {"Session", "Run", "Capabilities", "OperationRecord", "ForwardResult",
+            "SampleResult", "LogprobsResult", "ExportLoraResult", "Error"} <= seen
+
+
+# ----------------------------------------------------------------------------------- requests
+def request_schemas(spec: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for path, method, op in operations(spec):
+        if "requestBody" in op:
+            yield f"{method} {path}", op["requestBody"]["content"]["application/json"]["schema"]
+
+
+def test_every_request_schema_forbids_unknown_fields(spec: dict[str, Any]) -> None:
+    """ERR-4: every object in every request body is closed (maps: values typed). The one
+    exception, marked ``x-free-form``, is the mock plane's injected error ``details``."""
+    checked: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        node = resolve(spec, node)
+        if isinstance(node, dict):
+            types = node.get("type")
+            if node.get("x-free-form"):
+                assert where.startswith("post /_mock/"), where
+            elif types == "object" or (isinstance(types, list) and "object" in types):
+                extra = node.get("additionalProperties")
+                if "properties" in node or extra is None:
+                    assert extra is False, where
+                else:
+                    assert isinstance(extra, dict) and extra.get("type"), where
+                checked.append(where)
+            for key, value in node.items():
+                if key in ("properties",):
+                    for name, sub in value.items():
+                        walk(sub, f"{where}.{name}")
+                elif key in ("items", "additionalProperties", "allOf", "anyOf", "oneOf",
+                             "prefixItems"):
+                    walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}[{i}]")
+
+    bodies = list(request_schemas(spec))
+    assert len(bodies) == 9 + 8  # primitives; sessions, heartbeat, close, runs, finish, cancel,
+    for where, schema in bodies:  # _mock/faults, _mock/reset
+        walk(schema, where)
+    nested = {w.split(" ", 1)[1].split("}/", 1)[-1] for w in checked}
+    assert {"optim_step.adamw", "sample.sampling", "sample.prompt",
+            "forward_backward.data.items.model_input", "forward_backward.data.items.loss_inputs",
+            "forward_backward.loss_config", "runs.lora"} <= nested, sorted(nested)
+
+
+def media_examples(spec: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """(label, json pointer of the schema, example value) for every example in the document."""
+    for path, method, op in operations(spec):
+        places = []
+        if "requestBody" in op:
+            places.append((("paths", path, method, "requestBody"), op["requestBody"]))
+        for status, response in op["responses"].items():
+            if "$ref" in response:
+                name = response["$ref"].rsplit("/", 1)[-1]
+                places.append((("components", "responses", name), resolve(spec, response)))
+            else:
+                places.append((("paths", path, method, "responses", status), response))
+        for base, holder in places:
+            for mime, media in holder.get("content", {}).items():
+                schema_ptr = pointer(*base, "content", mime, "schema")
+                if "example" in media:
+                    yield f"{method} {path} {base[-1]}", schema_ptr, media["example"]
+                for name, example in media.get("examples", {}).items():
+                    yield f"{method} {path} {base[-1]} {name}", schema_ptr, example["value"]
+
+
+def test_every_example_validates_against_its_schema(spec: dict[str, Any],
+                                                    registry: Registry) -> None:
+    examples = list(media_examples(spec))
+    assert len(examples) >= 40
+    failures = []
+    cache: dict[str, Draft202012Validator] = {}
+    for label, schema_ptr, value in examples:
+        validator = cache.setdefault(schema_ptr, validator_at(registry, schema_ptr))
+        failures += [f"{label}: {e.message}" for e in validator.iter_errors(value)]
+    assert failures == []
+    labelled = {label.split()[1] + " " + label.split()[2] for label, _, _ in examples}
+    for primitive in PRIMITIVES:  # a worked request and response per primitive
+        path = f"/v1/training/runs/{{run_id}}/{primitive}"
+        assert {f"{path} requestBody", f"{path} 200"} <= labelled, primitive
+
+
+# ------------------------------------------------------------ schemas behave as the contract says
+def body_validator(registry: Registry, path: str) -> Draft202012Validator:
+    return validator_at(registry, pointer("paths", path, "post", "requestBody", "content",
+                                          "application/json", "schema"))
+
+
+def example_body(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    media = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+    return copy.deepcopy(next(iter(media["examples"].values()))["value"])
+
+
+def with_value(body: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    body = copy.deepcopy(body)
+    *parents, leaf = dotted.split(".")
+    node = body
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if value is DELETE:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return body
+
+
+DELETE = object()
+R = "/v1/training/runs/{run_id}/"
+# (path, dotted field, value, accepted?) from section 4 / 4a of the contract.
+RANGE_CASES = [
+    (R + "sample", "sampling.top_p", 0, False), (R + "sample", "sampling.top_p", 1.0, True),
+    (R + "sample", "sampling.top_p", 1.001, False),
+    (R + "sample", "sampling.temperature", 0, False),
+    (R + "sample", "sampling.temperature", 100, True),
+    (R + "sample", "sampling.temperature", 100.01, False),
+    (R + "sample", "sampling.top_k", -1, False), (R + "sample", "sampling.top_k", 0, True),
+    (R + "sample", "sampling.max_tokens", 0, False),
+    (R + "sample", "sampling.max_tokens", 1, True),
+    (R + "sample", "sampling.stop_token_ids", [], True),
+    (R + "sample", "sampling.seed", DELETE, True),
+    (R + "sample", "sampling.top_k", DELETE, False),
+    (R + "sample", "num_samples", 0, False), (R + "sample", "num_samples", 1, True),
+    (R + "sample", "version", -1, False), (R + "sample", "version", 0, True),
+    (R + "sample", "prompt.token_ids", [-1], False),
+    (R + "optim_step", "adamw.beta1", 1, False), (R + "optim_step", "adamw.beta1", 0, True),
+    (R + "optim_step", "adamw.beta2", 1.0, False),
+    (R + "optim_step", "adamw.beta2", 0.9999, True),
+    (R + "optim_step", "adamw.eps", 0, False), (R + "optim_step", "adamw.eps", 1e-12, True),
+    (R + "optim_step", "adamw.learning_rate", -0.001, False),
+    (R + "optim_step", "adamw.learning_rate", 0, True),
+    (R + "optim_step", "adamw.weight_decay", -1, False),
+    (R + "optim_step", "adamw.grad_clip_norm", 0, True),  # OPT-3: 0 means off
+    (R + "optim_step", "adamw.grad_clip_norm", -1, False),
+    (R + "optim_step", "adamw.grad_clip", 1.0, False),  # ERR-4
+    (R + "optim_step", "seq", 0, False), (R + "optim_step", "seq", 1, True),
+    (R + "optim_step", "seq", 1.5, False), (R + "optim_step", "seq", "1", False),
+    (R + "optim_step", "seq", True, False),
+    (R + "save_weights_for_sampler", "version", -1, False),
+    (R + "forward_backward", "loss_config", {}, True),
+    (R + "forward_backward", "loss_config", DELETE, False),
+    (R + "forward_backward", "loss_config", {"beta": "0.1"}, False),
+    (R + "forward_backward", "data", [], False),
+    (R + "forward_backward", "data.0.loss_inputs.mask", ["1"], False),
+    (R + "forward_backward", "data.0.model_input.token_ids", [256, 1.5], False),
+    (R + "forward_backward", "data.0.extra", {}, False),
+    (R + "load_state", "with_optimizer", DELETE, False),
+    (R + "load_state", "with_optimizer", 1, False),
+    ("/v1/training/sessions/{session_id}/runs", "lora.rank", 0, False),
+    ("/v1/training/sessions/{session_id}/runs", "lora.alpha", 0, False),
+    ("/v1/training/sessions/{session_id}/runs", "lora.seed", DELETE, True),
+    ("/v1/training/sessions/{session_id}/runs", "optimizer", "sgd", False),
+    ("/v1/training/sessions/{session_id}/runs", "optimizer", DELETE, False),
+    ("/v1/training/sessions", "ttl_seconds", 1.5, False),
+    ("/v1/training/sessions", "ttl_seconds", 1, True),
+    ("/v1/training/sessions", "metadata", {"k": 1}, False),
+]
+
+
+@pytest.mark.parametrize("field", ["learning_rate", "beta1", "beta2", "eps", "weight_decay",
+                                   "grad_clip_norm"])
+def test_opt_1_every_adamw_field_is_required(spec: dict[str, Any], registry: Registry,
+                                             field: str) -> None:
+    path = R + "optim_step"
+    validator = body_validator(registry, path)
+    body = example_body(spec, path)
+    assert validator.is_valid(body)
+    assert not validator.is_valid(with_value(body, f"adamw.{field}", DELETE))
+
+
+def test_request_ranges_follow_section_4a(spec: dict[str, Any], registry: Registry) -> None:
+    wrong = []
+    for path, field, value, accepted in RANGE_CASES:
+        validator = body_validator(registry, path)
+        body = example_body(spec, path)
+        assert validator.is_valid(body), path
+        if validator.is_valid(with_value(body, field, value)) != accepted:
+            wrong.append((path.rsplit("/", 1)[-1], field, value, accepted))
+    assert wrong == []
+
+
+def test_empty_bodies_accept_only_the_empty_object(registry: Registry) -> None:
+    validator = body_validator(registry, "/v1/training/runs/{run_id}/cancel")
+    assert validator.is_valid({})
+    assert not validator.is_valid({"force": True})  # ERR-4
+    assert not validator.is_valid([])
+
+
+def test_operation_record_pairs_result_with_its_primitive(spec: dict[str, Any],
+                                                          registry: Registry) -> None:
+    """ORD-5: completed -> the primitive's own result; failed -> the inner error object."""
+    validator = validator_at(registry, "/components/schemas/OperationRecord")
+    step = {"step": 1, "grad_norm": 0.5, "update_norm": 0.01}
+    error = {"type": "no_gradients", "message": "m", "details": {}}
+    assert validator.is_valid({"seq": 4, "primitive": "optim_step", "status": "completed",
+                               "result": step})
+    assert validator.is_valid({"seq": 4, "primitive": "optim_step", "status": "failed",
+                               "error": error})
+    assert not validator.is_valid({"seq": 4, "primitive": "sample", "status": "completed",
+                                   "result": step})
+    assert not validator.is_valid({"seq": 4, "primitive": "optim_step", "status": "completed",
+                                   "result": step, "error": error})
+    assert not validator.is_valid({"seq": 4, "primitive": "optim_step", "status": "failed",
+                                   "result": step})
+    # save_state and load_state results share a shape; the primitive disambiguates
+    ckpt = {"checkpoint_id": "c", "step": 0}
+    assert validator.is_valid({"seq": 1, "primitive": "load_state", "status": "completed",
+                               "result": ckpt})
+
+
+def test_error_envelope_details_by_type(registry: Registry) -> None:
+    """ERR-1 shape; the lead's details conventions for validation_error, seq_gap (ORD-2) ..."""
+    validator = validator_at(registry, "/components/schemas/Error")
+
+    def env(type_: str, details: dict[str, Any]) -> dict[str, Any]:
+        return {"error": {"type": type_, "message": "m", "details": details}}
+
+    assert validator.is_valid(env("run_not_active", {}))
+    assert validator.is_valid(env("seq_gap", {"expected_seq": 3}))
+    assert not validator.is_valid(env("seq_gap", {}))
+    assert validator.is_valid(env("validation_error",
+                                  {"errors": [{"loc": ["adamw", "eps"], "msg": "> 0"}]}))
+    assert not validator.is_valid(env("validation_error", {"loc": "adamw.eps"}))
+    assert validator.is_valid(env("unknown_field", {"fields": ["adamw.grad_clip"]}))
+    assert not validator.is_valid(env("limit_exceeded", {}))
+    assert not validator.is_valid({"error": {"type": "x", "message": "m"}})
+    assert not validator.is_valid({"error": {"type": "x", "message": "m", "details": {}},
+                                   "status": 409})
+
+
+def test_logprobs_result_only_the_first_entry_is_null(registry: Registry) -> None:
+    validator = validator_at(registry, "/components/schemas/LogprobsResult")
+    assert validator.is_valid({"version": 0, "step": 0, "logprobs": [None, -1.5, -0.2]})
+    assert validator.is_valid({"version": 0, "step": 0, "logprobs": [None]})
+    assert not validator.is_valid({"version": 0, "step": 0, "logprobs": [None, None]})
+    assert not validator.is_valid({"version": 0, "step": 0, "logprobs": [-1.0, -2.0]})
+
+
+def test_session_view_expires_at_is_nullable(registry: Registry) -> None:
+    """LIFE-1: ``expires_at`` is null without TTL; the view has exactly the contract's fields."""
+    validator = validator_at(registry, "/components/schemas/Session")
+    view = {"session_id": "s", "state": "open", "created_at": "2025-06-01T12:00:00Z",
+            "expires_at": None, "metadata": {}}
+    assert validator.is_valid(view)
+    assert not validator.is_valid({**view, "expires_at": "soon"})
+    assert not validator.is_valid({**view, "ttl_seconds": 60})
+    assert not validator.is_valid({**view, "state": "active"})
+
+
+# ----------------------------------------------------------------------------------- DISC-1
+def backticked(line: str) -> list[str]:
+    return re.findall(r"`([a-z_]+)`", line)
+
+
+def test_capabilities_schema_lists_exactly_the_disc_1_fields(spec: dict[str, Any],
+                                                             contract: str) -> None:
+    disc = contract[contract.index("DISC-1"):contract.index("DISC-2")]
+    limits = backticked(disc[disc.index("`limits`"):disc.index("`features`")])[1:]
+    features = backticked(disc[disc.index("`features`"):])[1:]
+    base = backticked(disc[disc.index("`base_models`"):disc.index("`limits`")])[1:]
+    top = ["contract_version", "primitives", "optimizers", "loss_functions", "base_models",
+           "limits", "features"]
+    schemas = spec["components"]["schemas"]
+    assert len(limits) == 11 and len(features) == 3 and len(base) == 5
+    for name, fields in [("Limits", limits), ("Features", features), ("BaseModel", base),
+                         ("Capabilities", top)]:
+        assert sorted(schemas[name]["required"]) == sorted(fields), name
+        assert sorted(schemas[name]["properties"]) == sorted(fields), name
+        assert schemas[name]["additionalProperties"] is False, name
+    assert schemas["PrimitiveName"]["enum"] == PRIMITIVES
+
+
+def test_capabilities_loss_declarations_follow_loss_1_to_5(spec: dict[str, Any],
+                                                           registry: Registry) -> None:
+    """LOSS-1..5 inputs and config defaults are checked, in any order; bounds are the server's."""
+    path = "/v1/training/capabilities"
+    validator = validator_at(registry, pointer("paths", path, "get", "responses", "200",
+                                               "content", "application/json", "schema"))
+    doc = spec["paths"][path]["get"]["responses"]["200"]["content"]["application/json"][
+        "examples"]["mock"]["value"]
+    assert validator.is_valid(doc)
+    swapped = copy.deepcopy(doc)
+    swapped["loss_functions"]["ppo"]["inputs"]["required"].reverse()
+    assert validator.is_valid(swapped)
+    subset = copy.deepcopy(doc)
+    del subset["loss_functions"]["dro"]  # a server may declare a subset (DISC-2 protects)
+    assert validator.is_valid(subset)
+    for mutate in (
+        lambda d: d["loss_functions"]["cross_entropy"]["inputs"]["optional"].clear(),
+        lambda d: d["loss_functions"]["cispo"]["config"]["clip_low_threshold"].update(
+            default=0.7),
+        lambda d: d["loss_functions"]["dro"]["config"].update(gamma=d["loss_functions"]["dro"][
+            "config"]["beta"]),
+        lambda d: d["loss_functions"].update(grpo=d["loss_functions"]["ppo"]),
+        lambda d: d["limits"].pop("order_wait_ms"),
+        lambda d: d["features"].update(streaming=True),
+    ):
+        bad = copy.deepcopy(doc)
+        mutate(bad)
+        assert not validator.is_valid(bad)
