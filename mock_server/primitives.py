@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -142,12 +141,14 @@ def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
         loss_inputs.append(arrays)
 
     def run_forward() -> dict[str, Any]:
-        result = run.base.loss_and_grad(run.lora, token_ids, loss_inputs, body.loss_function,
-                                        config, need_grad=backward)
+        try:
+            result = run.base.loss_and_grad(run.lora, token_ids, loss_inputs,
+                                            body.loss_function, config, need_grad=backward)
+        except nm.NonFiniteLossError as exc:
+            raise Conflict(f"the loss is not finite for the current weights and these inputs "
+                           f"(check logprobs and advantages): {exc}",
+                           type="non_finite_loss") from None
         loss = float(result.loss)
-        if not math.isfinite(loss):
-            raise Conflict("the loss is not finite for the current weights and these inputs "
-                           "(check logprobs and advantages)", type="non_finite_loss")
         if backward:
             run.accumulate(result.grads)
         return {

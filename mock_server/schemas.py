@@ -154,6 +154,8 @@ def parse_json(raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         orjson_error = str(exc)
+    if "number" not in orjson_error:  # only an overflowing number is valid JSON orjson refuses
+        raise MalformedJSON(f"request body is not valid JSON: {orjson_error}")
     try:
         text = raw.decode("utf-8")
         return json.loads(text, parse_constant=_refuse_constant)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from . import schemas
 from .errors import Conflict, NotFound, Unauthorized, ValidationFailed, WhitneyError
 from .limits import Features, Limits
 from .primitives import PREPARERS, Checkpoint, Export, Thunk, Version
+
+logger = logging.getLogger("mock_server")
 
 TERMINAL = frozenset({"finished", "cancelled", "failed"})
 CONTRACT_VERSION = "1.0"
@@ -429,6 +432,10 @@ class Backend:
             status, payload = 200, orjson.dumps(thunk(), option=orjson.OPT_SERIALIZE_NUMPY)
         except WhitneyError as exc:  # a state failure at its turn: recorded (ORD-4)
             status, payload = exc.status, orjson.dumps(exc.envelope())
+        except Exception:  # a mock bug: answer 500 but keep the sequence moving
+            logger.exception("primitive %s seq %d of run %s crashed", primitive, seq, run.run_id)
+            status, payload = 500, orjson.dumps(WhitneyError("the mock hit an internal error "
+                                                             "executing this primitive").envelope())
         operation = Operation(seq, primitive, digest, status, payload)
         run.ops[seq] = operation
         run.next_seq = seq + 1
@@ -440,7 +447,8 @@ class Backend:
         op = run.ops.get(seq)
         if op is None:
             raise NotFound(f"seq {seq} has not been recorded on run {run_id}",
-                           type="operation_not_found", details={"seq": seq})
+                           type="operation_not_found",
+                           details={"seq": seq if seq <= schemas.INT64_MAX else str(seq)})
         if op.ok:
             view = {"seq": seq, "primitive": op.primitive, "status": "completed",
                     "result": orjson.Fragment(op.payload)}
