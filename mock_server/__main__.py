@@ -25,9 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", action="append", dest="api_keys", metavar="KEY",
                         help=f"accepted bearer key; repeat for several tenants "
                              f"(default: $WHITNEY_MOCK_API_KEYS or {DEFAULT_KEY!r})")
-    parser.add_argument("--seed", type=int, default=0, help="seed for ids and unseeded sampling")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for ids and unseeded sampling (default 0)")
     parser.add_argument("--order-wait-ms", type=int, default=None,
-                        help="how long a request ahead of its seq is held before 409 seq_gap")
+                        help="how long a request ahead of its seq is held before 409 seq_gap "
+                             "(default 2000)")
     parser.add_argument("--cancel-delay-ms", type=int, default=50,
                         help="time a cancelled run spends in 'cancelling' (default 50)")
     parser.add_argument("--control-plane", action="store_true",
@@ -35,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve the /_mock/ control plane (trace, faults, reset)")
     parser.add_argument("--log-level", default="warning",
                         choices=["critical", "error", "warning", "info", "debug"],
-                        help="uvicorn log level; 'info' logs one line per request")
+                        help="log level of the mock and uvicorn; 'info' logs one structured "
+                             "line per request (default warning)")
     return parser
 
 
@@ -59,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import uvicorn
 
+    from .logs import configure_logging
+
+    configure_logging(args.log_level)
     keys = api_keys_from(args)
     app = create_app(api_keys=keys, seed=args.seed, order_wait_ms=args.order_wait_ms,
                      cancel_delay_ms=args.cancel_delay_ms, control_plane=args.control_plane)
@@ -68,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     masked = ", ".join(k[:4] + "…" if len(k) > 8 else k for k in keys)
     print(f"whitney mock serving http://{args.host}:{args.port}/v1/training  keys: {masked}",
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # Our request log (logs.py) replaces uvicorn's access log: one structured line per request.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 
 

@@ -122,4 +122,11 @@ def create_app(*, api_keys: tuple[str, ...] | list[str] = ("whitney-mock-key",),
                     exception_handlers={WhitneyError: r.whitney_error, HTTPException: r.http_error})
     app.state.backend = backend
     app.add_middleware(EnvelopeMiddleware)
+    if control_plane:  # outside the envelope: a drop must escape it (see faults.py)
+        from .control import install_faults
+
+        install_faults(app)
+    from .logs import RequestLogMiddleware
+
+    app.add_middleware(RequestLogMiddleware)  # outermost: logs what the client gets
     return app

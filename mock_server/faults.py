@@ -1,0 +1,365 @@
+"""Fault injection for the mock's control plane (contract §5), as ASGI middleware.
+
+Not part of the Whitney contract; installed by ``create_app(control_plane=True)`` and armed
+through ``POST /_mock/faults`` (:mod:`mock_server.control`). Faults wrap the app, so the state
+machine never knows about them: a fault that answers *before* the request reaches the backend
+consumes no seq (like a 5xx from a load balancer, ORD-4); one marked ``after_execute`` lets the
+backend execute and record the request first (so a retry with the same seq gets the recorded
+response back, ORD-3).
+
+The fault middleware sits outside ``EnvelopeMiddleware``: a drop must escape the app as an
+exception, which the envelope would turn into a 500. Injected answers therefore add
+``X-Request-Id`` themselves (TRANSPORT-1).
+
+Fault kinds (``POST /_mock/faults``):
+
+- ``error``    answer ``status`` (4xx/5xx, not 429) with an ERR-1 envelope; ``after_execute``.
+- ``throttle`` answer 429 ``rate_limited`` with ``Retry-After: retry_after`` (ERR-2).
+- ``latency``  wait ``delay_ms`` before the request reaches the backend.
+- ``drop``     execute (unless ``after_execute`` is false), then drop the connection instead of
+               answering: in-process the client's ``httpx`` call raises
+               ``httpx.RemoteProtocolError``; over uvicorn the status line and headers go out,
+               then the connection closes before the body (httpx: ``RemoteProtocolError``,
+               "peer closed connection without sending complete message body").
+- ``fail_run`` move ``run_id`` to ``failed`` now, or when the next matching call arrives (that
+               call then meets the failed run: 409 ``run_not_active``).
+
+A fault matches a call by endpoint name (a primitive such as ``optim_step``, or one of
+``ENDPOINTS``) and optionally ``run_id``. It lets the first ``skip`` matching calls through, then
+fires on each later matching call with probability ``probability`` (drawn from
+``random.Random(seed)``, ``seed`` defaulting to the mock's seed, so a faulty run replays
+exactly), at most ``count`` times (``null``: until reset). Faults are checked in the order they
+were added; every matching ``latency`` fault adds its delay, the first other fault that fires
+answers the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import httpx
+import orjson
+from pydantic import Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import schemas
+from .errors import NotFound, ValidationFailed
+from .primitives import PREPARERS
+from .state import Backend
+
+__all__ = ["ENDPOINTS", "FAULT_KINDS", "Fault", "FaultMiddleware", "FaultRegistry", "InjectedDrop",
+           "TARGETS", "classify", "parse_fault"]
+
+API = "/v1/training"
+FAULT_KINDS = ("error", "throttle", "latency", "drop", "fail_run")
+
+#: Endpoint names a fault can target besides the primitives: method, path under /v1/training.
+ENDPOINTS: dict[str, tuple[str, str]] = {
+    "capabilities": ("GET", r"capabilities"),
+    "create_session": ("POST", r"sessions"),
+    "get_session": ("GET", r"sessions/[^/]+"),
+    "heartbeat": ("POST", r"sessions/[^/]+/heartbeat"),
+    "close_session": ("POST", r"sessions/[^/]+/close"),
+    "create_run": ("POST", r"sessions/[^/]+/runs"),
+    "get_run": ("GET", r"runs/(?P<run>[^/]+)"),
+    "finish_run": ("POST", r"runs/(?P<run>[^/]+)/finish"),
+    "cancel_run": ("POST", r"runs/(?P<run>[^/]+)/cancel"),
+    "get_operation": ("GET", r"runs/(?P<run>[^/]+)/operations/[^/]+"),
+    "get_export_file": ("GET", r"runs/(?P<run>[^/]+)/exports/[^/]+/[^/]+"),
+}
+_PATTERNS = [(method, re.compile(pattern), name) for name, (method, pattern) in ENDPOINTS.items()]
+_PRIMITIVE = re.compile(r"runs/(?P<run>[^/]+)/(?P<name>[a-z_]+)")
+TARGETS = frozenset(PREPARERS) | frozenset(ENDPOINTS)
+_DEFAULT_ERROR_TYPES = {500: "internal_error", 502: "bad_gateway", 503: "service_unavailable",
+                        504: "gateway_timeout"}
+
+
+def classify(method: str, path: str) -> tuple[str, str | None] | None:
+    """``(endpoint name, run_id or None)`` of a contract request, ``None`` for anything else."""
+    if not path.startswith(API + "/"):
+        return None
+    rest = path[len(API) + 1:]
+    match = _PRIMITIVE.fullmatch(rest)
+    if method == "POST" and match and match["name"] in PREPARERS:
+        return match["name"], match["run"]
+    for route_method, pattern, name in _PATTERNS:
+        match = pattern.fullmatch(rest)
+        if match and method == route_method:
+            return name, match.groupdict().get("run")
+    return None
+
+
+# -- fault specifications (validated like contract bodies: strict, unknown fields 422) --------
+Count = Annotated[int, Field(ge=1)] | None
+
+
+class _FaultBase(schemas._Body):
+    primitive: str | None = None
+    run_id: str | None = None
+    count: Count = 1
+    skip: Annotated[int, Field(ge=0)] = 0
+    probability: Annotated[float, Field(gt=0, le=1)] = 1.0
+    seed: Annotated[int, Field(ge=0, le=schemas.INT64_MAX)] | None = None
+
+
+class ErrorDetail(schemas._Body):
+    type: str | None = None
+    message: str | None = None
+    details: dict[str, Any] | None = None
+
+
+class ErrorFault(_FaultBase):
+    kind: Literal["error"]
+    status: Annotated[int, Field(ge=400, le=599)] = 503
+    error: ErrorDetail | None = None
+    after_execute: bool = False
+
+
+class ThrottleFault(_FaultBase):
+    kind: Literal["throttle"]
+    retry_after: Annotated[int, Field(ge=0, le=3600)] = 1
+
+
+class LatencyFault(_FaultBase):
+    kind: Literal["latency"]
+    delay_ms: Annotated[int, Field(ge=0, le=600_000)]
+
+
+class DropFault(_FaultBase):
+    kind: Literal["drop"]
+    after_execute: bool = True
+
+
+class FailRunFault(_FaultBase):
+    kind: Literal["fail_run"]
+    run_id: str  # required here
+    reason: str = "failed by the mock control plane"
+
+
+_FAULT_MODELS: dict[str, type[schemas._Body]] = {
+    "error": ErrorFault, "throttle": ThrottleFault, "latency": LatencyFault, "drop": DropFault,
+    "fail_run": FailRunFault,
+}
+
+
+def parse_fault(payload: Any) -> Any:
+    """Validate a ``POST /_mock/faults`` body; 422 in the envelope for anything wrong."""
+    kind = payload.get("kind") if isinstance(payload, dict) else None
+    if kind not in _FAULT_MODELS:
+        raise ValidationFailed(f"kind must be one of {list(FAULT_KINDS)}, got {kind!r}",
+                               details={"loc": "kind", "kinds": list(FAULT_KINDS)})
+    spec = schemas.validate(_FAULT_MODELS[kind], payload)
+    if spec.primitive is not None and spec.primitive not in TARGETS:
+        raise ValidationFailed(f"primitive {spec.primitive!r} is not a primitive or endpoint "
+                               f"name", details={"loc": "primitive", "known": sorted(TARGETS)})
+    if spec.primitive is None and kind != "fail_run":
+        raise ValidationFailed(f"a {kind} fault needs 'primitive' (which calls it affects)",
+                               details={"loc": "primitive"})
+    if kind == "error" and spec.status == 429:
+        raise ValidationFailed("use kind 'throttle' for 429: it always carries Retry-After "
+                               "(ERR-2)", details={"loc": "status"})
+    return spec
+
+
+@dataclass
+class Fault:
+    """One registered fault and its counters."""
+
+    fault_id: str
+    spec: Any
+    seed: int
+    remaining: int | None
+    rng: random.Random = field(init=False)
+    seen: int = 0
+    fired: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    @property
+    def kind(self) -> str:
+        return str(self.spec.kind)
+
+    def matches(self, name: str, run_id: str | None) -> bool:
+        return (self.remaining != 0 and self.spec.primitive == name
+                and (self.spec.run_id is None or self.spec.run_id == run_id))
+
+    def trigger(self) -> bool:
+        """Count one matching call; True when the fault fires on it."""
+        self.seen += 1
+        if self.seen <= self.spec.skip:
+            return False
+        if self.spec.probability < 1 and self.rng.random() >= self.spec.probability:
+            return False
+        self.fired += 1
+        if self.remaining is not None:
+            self.remaining -= 1
+        return True
+
+    def view(self) -> dict[str, Any]:
+        return {"fault_id": self.fault_id, **self.spec.model_dump(exclude_none=True),
+                "seed": self.seed, "remaining": self.remaining, "seen": self.seen,
+                "fired": self.fired, "active": self.remaining != 0}
+
+
+@dataclass
+class FaultRegistry:
+    """The faults of one app, and the configuration ``reset`` returns to."""
+
+    backend: Backend
+    initial: dict[str, Any]
+    faults: list[Fault] = field(default_factory=list)
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep  # swapped by tests: no timing
+    _counter: int = 0
+
+    def add(self, spec: Any) -> Fault:
+        if spec.kind == "fail_run" and spec.run_id not in self.backend.runs:
+            raise NotFound(f"run {spec.run_id!r} not found")
+        self._counter += 1
+        seed = self.backend.seed if spec.seed is None else spec.seed
+        fault = Fault(f"fault_{self._counter:04d}", spec, seed, spec.count)
+        if spec.kind == "fail_run":
+            if spec.primitive is None:  # immediate
+                self.backend.fail_run(run_id=spec.run_id, reason=spec.reason)
+                fault.seen = fault.fired = 1
+                fault.remaining = 0
+        self.faults.append(fault)
+        return fault
+
+    def select(self, name: str, run_id: str | None) -> tuple[int, Fault | None]:
+        """Total latency (ms) and the answering fault, if any, for one call."""
+        delay_ms, chosen = 0, None
+        for fault in self.faults:
+            if not fault.matches(name, run_id):
+                continue
+            if fault.kind == "latency":
+                if fault.trigger():
+                    delay_ms += fault.spec.delay_ms
+            elif chosen is None and fault.trigger():
+                chosen = fault
+        return delay_ms, chosen
+
+
+class InjectedDrop(httpx.RemoteProtocolError):
+    """Raised through the app by a ``drop`` fault: in-process, the client sees exactly this
+    ``httpx.RemoteProtocolError``; uvicorn closes the connection after the headers."""
+
+
+class _QuietDrops(logging.Filter):
+    """uvicorn logs an app exception with a traceback; an injected drop is intended, so it
+    becomes one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, InjectedDrop):
+            record.msg, record.args = "injected fault: %s", (str(exc),)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_QUIET_DROPS = _QuietDrops()
+
+
+async def _drain(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
+
+
+def _request_id(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            return str(value.decode("latin-1"))[:200]  # as EnvelopeMiddleware (TRANSPORT-1)
+    return uuid.uuid4().hex
+
+
+def _envelope_messages(status: int, inner: dict[str, Any], request_id: str,
+                       extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[Message]:
+    body = orjson.dumps({"error": inner})
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()),
+               (b"x-request-id", request_id.encode("latin-1")), *extra]
+    return [{"type": "http.response.start", "status": status, "headers": headers},
+            {"type": "http.response.body", "body": body}]
+
+
+class FaultMiddleware:
+    """Applies the registry's faults to contract requests (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, registry: FaultRegistry) -> None:
+        self.app = app
+        self.registry = registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        target = None
+        if scope["type"] == "http" and self.registry.faults:
+            target = classify(scope["method"], scope["path"])
+        if target is None:
+            await self.app(scope, receive, send)
+            return
+        delay_ms, fault = self.registry.select(*target)
+        if delay_ms:
+            await self.registry.sleep(delay_ms / 1000)
+        if fault is None:
+            await self.app(scope, receive, send)
+            return
+        scope.setdefault("state", {})["whitney_fault"] = fault.kind
+        spec = fault.spec
+        where = f"{scope['method']} {scope['path']}"
+        if fault.kind == "fail_run":
+            if spec.run_id in self.registry.backend.runs:  # else forgotten since: nothing to fail
+                self.registry.backend.fail_run(run_id=spec.run_id, reason=spec.reason)
+            await self.app(scope, receive, send)
+            return
+        if fault.kind == "throttle":
+            await _drain(receive)
+            inner = {"type": "rate_limited", "message": f"throttled by an injected fault "
+                     f"({fault.fault_id}); retry after {spec.retry_after} s",
+                     "details": {"retry_after": spec.retry_after, "fault_id": fault.fault_id}}
+            for message in _envelope_messages(429, inner, _request_id(scope),
+                                              ((b"retry-after", str(spec.retry_after).encode()),)):
+                await send(message)
+            return
+        if not spec.after_execute:
+            await _drain(receive)
+            request_id = _request_id(scope)
+            start: Message | None = None
+        else:
+            start, request_id = await self._execute_captured(scope, receive)
+        if fault.kind == "drop":
+            if start is None:  # headers of a 502 that never completes: still a dropped response
+                start = _envelope_messages(502, {}, request_id)[0]
+            await send(start)
+            logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)  # idempotent
+            raise InjectedDrop(f"{fault.fault_id} dropped the response to {where}"
+                               f"{' after executing it' if spec.after_execute else ''}")
+        error = spec.error or ErrorDetail()
+        inner = {"type": error.type or _DEFAULT_ERROR_TYPES.get(spec.status, "injected_error"),
+                 "message": error.message or f"injected fault {fault.fault_id}: {spec.status} on "
+                                             f"{where}",
+                 "details": error.details if error.details is not None
+                 else {"fault_id": fault.fault_id, "executed": spec.after_execute}}
+        for message in _envelope_messages(spec.status, inner, request_id):
+            await send(message)
+
+    async def _execute_captured(self, scope: Scope, receive: Receive) -> tuple[Message, str]:
+        """Let the backend execute the request; keep its response instead of sending it."""
+        captured: list[Message] = []
+
+        async def capture(message: Message) -> None:
+            captured.append(message)
+
+        await self.app(scope, receive, capture)
+        start = next(m for m in captured if m["type"] == "http.response.start")
+        request_id = next((v.decode("latin-1") for k, v in start.get("headers", [])
+                           if k.lower() == b"x-request-id"), None) or _request_id(scope)
+        return start, request_id

@@ -1,0 +1,133 @@
+"""pytest plugin: a mock Whitney per test. Registered as the ``pytest11`` entry point
+``whitney_mock``, so installing whitney-kit is enough.
+
+Fixtures (see :class:`mock_server.testing.MockWhitney` for what they offer):
+
+- ``whitney_mock``: a fresh in-process mock for each test (no socket). Hand the code under test
+  ``whitney_mock.client`` (an ``httpx.Client``, key set) or ``whitney_mock.transport``.
+- ``whitney_server``: the mock served by uvicorn on 127.0.0.1 and a free port, for code that
+  opens its own connections (``whitney_server.base_url``, ``.api_key``, ``.env``). One server
+  per session (``whitney_server_session``), reset before each test: fresh state every time.
+
+Configuration, the later winning: defaults (seed 0, the mock's limits, key
+``whitney-mock-key``) < ini (``whitney_mock_seed``, ``whitney_mock_limits`` as ``name=value``
+lines, ``whitney_mock_api_keys``) < command line (``--whitney-mock-seed N``,
+``--whitney-mock-limit name=value``, ``--whitney-mock-api-key KEY``, both repeatable) < the
+marker ``@pytest.mark.whitney_mock(seed=..., limits={...}, api_keys=[...],
+cancel_delay_ms=...)`` on the test, class or module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .limits import Limits
+from .testing import DEFAULT_API_KEY, MockWhitney
+
+MARKER = "whitney_mock"
+_MARKER_ARGS = frozenset({"seed", "limits", "api_keys", "cancel_delay_ms"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("whitney-mock", "whitney-kit mock Whitney (fixtures whitney_mock, "
+                                            "whitney_server)")
+    group.addoption("--whitney-mock-seed", type=int, default=None, metavar="N",
+                    help="seed of the mock's ids and unseeded sampling (default: ini "
+                         "whitney_mock_seed, else 0)")
+    group.addoption("--whitney-mock-limit", action="append", default=[], metavar="NAME=VALUE",
+                    help="override one of the mock's limits, e.g. max_num_samples=8; repeatable")
+    group.addoption("--whitney-mock-api-key", action="append", default=[], metavar="KEY",
+                    help=f"accepted API key; repeatable; the first is the fixtures' api_key "
+                         f"(default {DEFAULT_API_KEY!r})")
+    parser.addini("whitney_mock_seed", "seed of the whitney_mock / whitney_server fixtures",
+                  default="0")
+    parser.addini("whitney_mock_limits", "limit overrides for the mock, one NAME=VALUE a line",
+                  type="linelist", default=[])
+    parser.addini("whitney_mock_api_keys", "API keys the mock accepts (space separated)",
+                  type="args", default=[])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}(seed=None, limits=None, api_keys=None, cancel_delay_ms=None): "
+                   f"configure the whitney_mock / whitney_server fixtures for this test")
+    _base_settings(config)  # a bad option fails the session at once, not in the first test
+
+
+def _parse_limits(items: list[str], where: str) -> dict[str, int]:
+    known = set(Limits().as_dict())
+    limits: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or name not in known or not value.lstrip("-").isdigit():
+            raise pytest.UsageError(f"{where}: {item!r} is not NAME=INTEGER with NAME one of "
+                                    f"{sorted(known)}")
+        limits[name] = int(value)
+    return limits
+
+
+def _base_settings(config: pytest.Config) -> dict[str, Any]:
+    """Settings from ini and command line (what the session-wide server starts with)."""
+    seed = config.getoption("--whitney-mock-seed")
+    if seed is None:
+        raw = str(config.getini("whitney_mock_seed")).strip()
+        if not raw.isdigit():
+            raise pytest.UsageError(f"ini whitney_mock_seed: {raw!r} is not an integer >= 0")
+        seed = int(raw)
+    limits = _parse_limits(list(config.getini("whitney_mock_limits")), "ini whitney_mock_limits")
+    limits.update(_parse_limits(config.getoption("--whitney-mock-limit"),
+                                "--whitney-mock-limit"))
+    keys = config.getoption("--whitney-mock-api-key") or list(
+        config.getini("whitney_mock_api_keys")) or [DEFAULT_API_KEY]
+    return {"seed": seed, "limits": limits, "api_keys": keys, "cancel_delay_ms": 50}
+
+
+def _settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Base settings, then the closest ``whitney_mock`` markers (module < class < function)."""
+    settings = _base_settings(request.config)
+    settings["limits"] = dict(settings["limits"])
+    for marker in reversed(list(request.node.iter_markers(MARKER))):
+        if marker.args:
+            raise TypeError(f"@pytest.mark.{MARKER} takes keyword arguments only "
+                            f"({', '.join(sorted(_MARKER_ARGS))})")
+        unknown = set(marker.kwargs) - _MARKER_ARGS
+        if unknown:
+            raise TypeError(f"@pytest.mark.{MARKER}: unknown argument(s) {sorted(unknown)}; "
+                            f"known: {sorted(_MARKER_ARGS)}")
+        for name, value in marker.kwargs.items():
+            if name == "limits":
+                settings["limits"].update(value or {})
+            elif name == "api_keys":
+                settings["api_keys"] = [value] if isinstance(value, str) else list(value)
+            else:
+                settings[name] = value
+    return settings
+
+
+@pytest.fixture
+def whitney_mock(request: pytest.FixtureRequest) -> Iterator[MockWhitney]:
+    """A fresh in-process mock Whitney for this test (control plane on, no socket)."""
+    with MockWhitney.in_process(**_settings(request)) as mock:
+        yield mock
+
+
+@pytest.fixture(scope="session")
+def whitney_server_session(pytestconfig: pytest.Config) -> Iterator[MockWhitney]:
+    """One uvicorn-served mock for the whole session; prefer ``whitney_server``."""
+    with MockWhitney.serve(**_base_settings(pytestconfig)) as server:
+        yield server
+
+
+@pytest.fixture
+def whitney_server(request: pytest.FixtureRequest,
+                   whitney_server_session: MockWhitney) -> MockWhitney:
+    """The served mock (``base_url`` ``http://127.0.0.1:PORT``), reset for this test."""
+    server = whitney_server_session
+    server.reset(**_settings(request))
+    if server.client.is_closed:  # an earlier test's code closed it
+        server.client = server.new_client()
+    return server
