@@ -1,0 +1,62 @@
+"""whitney-kit's reference GRPO client loop for the Whitney JSON primitive contract.
+
+Public surface (the seed's names where the seed has one)::
+
+    WhitneyClient, Run, AdamW, RetryPolicy             grpo.client      HTTP, seq, retries
+    group_mean_advantages, all_zero, rl_datum,
+    forward_backward_payload, leave_one_out_advantages grpo.helpers     caller-owned math
+    Algorithm, ALGORITHMS, get_algorithm, LossContext,
+    UniformRewardError, with_kl_penalty                grpo.algorithms  build_loss variants
+    LoopConfig, CycleMetrics, TrainResult, train,
+    cancel_and_close                                   grpo.loop        the ordered loop
+    ByteTokenizer, Task, TASKS, get_task               grpo.tasks       toy tasks
+    WhitneyError, APIError, CapabilityError,
+    TrainingError (and the other typed errors)         grpo.errors
+"""
+
+from grpo.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    LossContext,
+    UniformRewardError,
+    get_algorithm,
+    with_kl_penalty,
+)
+from grpo.client import AdamW, RetryPolicy, Run, WhitneyClient
+from grpo.errors import (
+    APIError,
+    AuthenticationError,
+    BadRequestError,
+    CapabilityError,
+    ConflictError,
+    ConnectionFailed,
+    IntegrityError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ProtocolError,
+    RateLimitError,
+    ServerError,
+    TrainingError,
+    ValidationError,
+    WhitneyError,
+)
+from grpo.helpers import (
+    all_zero,
+    forward_backward_payload,
+    group_mean_advantages,
+    leave_one_out_advantages,
+    rl_datum,
+)
+from grpo.loop import CycleMetrics, LoopConfig, TrainResult, cancel_and_close, train
+from grpo.tasks import TASKS, ByteTokenizer, Task, get_task
+
+__all__ = [
+    "ALGORITHMS", "APIError", "AdamW", "Algorithm", "AuthenticationError", "BadRequestError",
+    "ByteTokenizer", "CapabilityError", "ConflictError", "ConnectionFailed", "CycleMetrics",
+    "IntegrityError", "LoopConfig", "LossContext", "NotFoundError", "PayloadTooLargeError",
+    "ProtocolError", "RateLimitError", "RetryPolicy", "Run", "ServerError", "TASKS", "Task",
+    "TrainResult", "TrainingError", "UniformRewardError", "ValidationError", "WhitneyClient",
+    "WhitneyError", "all_zero", "cancel_and_close", "forward_backward_payload", "get_algorithm",
+    "get_task", "group_mean_advantages", "leave_one_out_advantages", "rl_datum", "train",
+    "with_kl_penalty",
+]

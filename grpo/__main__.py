@@ -1,0 +1,5 @@
+"""``python -m grpo``: see :mod:`grpo.cli`."""
+
+from grpo.cli import main
+
+raise SystemExit(main())
