@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from typing import Any
 
 import orjson
@@ -42,7 +42,7 @@ class EnvelopeMiddleware:
             if name == b"x-request-id":
                 request_id = value.decode("latin-1")[:200]
                 break
-        request_id = request_id or uuid.uuid4().hex
+        request_id = request_id or os.urandom(16).hex()  # uuid4().hex's format, 5x cheaper
         scope.setdefault("state", {})["request_id"] = request_id
         started = False
 
@@ -71,7 +71,10 @@ class EnvelopeMiddleware:
 
 
 def routes() -> list[Route]:
-    table = [
+    # Primitives first: Starlette tries routes in order, and they are the hot ones.
+    table = [Route(f"{API}/runs/{{run_id}}/{name}", r.primitive_endpoint(name), methods=["POST"])
+             for name in PREPARERS]
+    table += [
         Route(f"{API}/capabilities", r.capabilities, methods=["GET"]),
         Route(f"{API}/sessions", r.create_session, methods=["POST"]),
         Route(f"{API}/sessions/{{session_id}}", r.get_session, methods=["GET"]),
@@ -85,8 +88,6 @@ def routes() -> list[Route]:
         Route(f"{API}/runs/{{run_id}}/exports/{{export_id}}/{{name}}", r.get_export_file,
               methods=["GET"]),
     ]
-    table += [Route(f"{API}/runs/{{run_id}}/{name}", r.primitive_endpoint(name), methods=["POST"])
-              for name in PREPARERS]
     return table
 
 

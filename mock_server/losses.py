@@ -82,7 +82,7 @@ def resolve_loss_config(loss_function: str, loss_config: dict[str, float]) -> di
 
 def flatten_loss_inputs(
     loss_function: str,
-    token_ids: Sequence[Sequence[int]],
+    token_ids: Sequence[Any],
     loss_inputs: Sequence[dict[str, Any]],
 ) -> tuple[list[Any], dict[str, np.ndarray]]:
     """Check each datum's inputs against ``LOSS_SPECS`` and concatenate the float ones.
@@ -146,7 +146,7 @@ def loss_terms(
         w_N = inputs.get("weights")
         if w_N is None:
             return float(-p_N.sum()), np.full_like(p_N, -1.0)
-        return float(-(w_N * p_N).sum()), -w_N.copy()
+        return float(-(w_N * p_N).sum()), -w_N
 
     q_N = inputs["logprobs"]
     adv_N = inputs["advantages"]

@@ -26,6 +26,8 @@ import functools
 import hashlib
 import math
 import string
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -47,6 +49,7 @@ EOS_TOKEN = 257
 VOCAB_SIZE = 258
 _EMA_BLOCK = 64  # block length of the EMA scan; d**-63 ~ 1.3e6 keeps it well conditioned
 _ROW_CHUNK = 1024  # rows of (rows, V) logits handled at once: ~2 MB, stays in cache
+_COMPILED_SLOTS = 8  # adapters whose merged weights are kept (~0.3 MB each at rank 8)
 
 
 class NonFiniteLossError(ValueError):
@@ -178,6 +181,15 @@ class BaseModel:
             "mixer": (h, 3 * d),  # (out_features, in_features)
             "lm_head": (v, h),
         }
+        # Merged weights of the last few adapters, keyed by identity: a sampler version is
+        # scored many times, and its Lora is never mutated (optim_step builds a new one).
+        self._compiled: dict[int, tuple[weakref.ref[Lora], _Compiled]] = {}
+        self._compiled_lock = threading.Lock()
+        decay, steps_K = spec.ema_decay, np.arange(_EMA_BLOCK)
+        lags_K_K = steps_K[:, None] - steps_K[None, :]
+        self._ema_matrix = np.where(lags_K_K >= 0,
+                                    (1.0 - decay) * decay ** np.maximum(lags_K_K, 0), 0.0)
+        self._ema_matrix.flags.writeable = False
 
     # ----------------------------------------------------------------------------- adapters
 
@@ -277,6 +289,20 @@ class BaseModel:
         return x_B_T_F[valid_B_T]
 
     def _compile(self, lora: Lora) -> _Compiled:
+        """:meth:`_compile_uncached`, remembered for the last ``_COMPILED_SLOTS`` adapters."""
+        with self._compiled_lock:
+            hit = self._compiled.pop(id(lora), None)
+            if hit is not None and hit[0]() is lora:
+                self._compiled[id(lora)] = hit  # most recent last
+                return hit[1]
+        compiled = self._compile_uncached(lora)
+        with self._compiled_lock:
+            self._compiled[id(lora)] = (weakref.ref(lora), compiled)
+            while len(self._compiled) > _COMPILED_SLOTS:
+                del self._compiled[next(iter(self._compiled))]
+        return compiled
+
+    def _compile_uncached(self, lora: Lora) -> _Compiled:
         """Merged weights in matmul layout with biases folded in as an extra input row.
 
         The head bias is shifted by the static bound max_v(b_v + |W_v|_1) >= every logit
@@ -314,9 +340,26 @@ class BaseModel:
         """``out[i] = log P(token_ids[i] | token_ids[:i])`` for i >= 1; ``out[0]`` is NaN."""
         tokens_T = self._check_tokens(token_ids, "token_ids")
         out_T = np.full(len(tokens_T), np.nan)
-        if len(tokens_T) > 1:
+        if 1 < len(tokens_T) <= _EMA_BLOCK + 1:
+            out_T[1:] = self._score_short(self._compile(lora), tokens_T)
+        elif len(tokens_T) > 1:
             out_T[1:] = self.forward(lora, [tokens_T[:-1]], [tokens_T[1:]])[0]
         return out_T
+
+    def _score_short(self, weights: _Compiled, tokens_T: np.ndarray) -> np.ndarray:
+        """One short sequence (<= one EMA block) in a dozen numpy calls: the EMA is a product
+        with the cached lower-triangular decay matrix instead of the blocked scan."""
+        d, n = self.spec.embed_dim, len(tokens_T) - 1
+        emb_N_D = self.embed_ext[tokens_T[:-1]]
+        x_N_F = np.empty((n, 3 * d + 1))
+        x_N_F[:, :d] = emb_N_D
+        x_N_F[0, d : 2 * d] = 0.0
+        x_N_F[1:, d : 2 * d] = emb_N_D[:-1]
+        x_N_F[:, 2 * d : 3 * d] = self._ema_matrix[:n, :n] @ emb_N_D
+        x_N_F[:, 3 * d] = 1.0
+        _, logits_N_V = self._logits(weights, x_N_F)
+        target_N = logits_N_V[np.arange(n), tokens_T[1:]]
+        return target_N - np.log(np.exp(logits_N_V).sum(axis=1))  # _logits keeps exp in range
 
     def loss_and_grad(self, lora: Lora, token_ids: list[np.ndarray],
                       loss_inputs: list[dict[str, np.ndarray]], loss_function: str,
@@ -348,8 +391,9 @@ class BaseModel:
         logp_N = np.empty(total)
         loss = 0.0
         backward = need_grad and loss_function is not None
-        grad_head = np.zeros_like(weights.head)  # dL/dW_head_eff (V, H)
-        grad_mix_ext = np.zeros(weights.mix_ext.shape[::-1])  # dL/d[W_mix_eff | b_mix]
+        if backward:
+            grad_head = np.zeros_like(weights.head)  # dL/dW_head_eff (V, H)
+            grad_mix_ext = np.zeros(weights.mix_ext.shape[::-1])  # dL/d[W_mix_eff | b_mix]
         for start in range(0, total, _ROW_CHUNK):
             rows = slice(start, min(start + _ROW_CHUNK, total))
             x_C_F, target_C = x_N_F[rows], target_N[rows]

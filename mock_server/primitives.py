@@ -114,7 +114,11 @@ def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
         if len(ids) > spec.max_context:
             raise _limit(f"{where} has {len(ids)} tokens, over max_context {spec.max_context}",
                          limit="max_context")
-        _check_tokens(ids, spec.vocab_size, f"{where}.model_input.token_ids")
+        # pydantic has checked every id is an int in [0, 2**63): fromiter is exact and ~2x
+        # faster than asarray on a list; the upper bound is then one numpy max.
+        ids_T = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        if ids_T.max() >= spec.vocab_size:
+            _check_tokens(ids, spec.vocab_size, f"{where}.model_input.token_ids")
         unexpected = sorted(set(datum.loss_inputs) - allowed)
         if unexpected:
             raise ValidationFailed(f"{where}.loss_inputs {unexpected} are not inputs of "
@@ -130,14 +134,14 @@ def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
                 raise ValidationFailed(f"{where}.loss_inputs.{name} has {len(values)} entries, "
                                        f"token_ids has {len(ids)}",
                                        details={"loc": f"{where}.loss_inputs.{name}"})
-            arrays[name] = np.asarray(values, dtype=np.float64)
+            arrays[name] = np.fromiter(values, dtype=np.float64, count=len(values))
         targets = arrays["target_tokens"]
         if not np.array_equal(targets, np.round(targets)) or targets.min() < 0 \
                 or targets.max() >= spec.vocab_size:
             raise ValidationFailed(f"{where}.loss_inputs.target_tokens must be token ids in "
                                    f"[0, {spec.vocab_size})",
                                    details={"loc": f"{where}.loss_inputs.target_tokens"})
-        token_ids.append(np.asarray(ids, dtype=np.int64))
+        token_ids.append(ids_T)
         loss_inputs.append(arrays)
 
     def run_forward() -> dict[str, Any]:

@@ -99,8 +99,10 @@ def sample_rows(
     """
     if num_samples < 1 or max_tokens < 1:
         raise ValueError("num_samples and max_tokens must be >= 1")
-    if temperature <= 0:
+    if not temperature > 0:
         raise ValueError("temperature must be > 0")
+    if top_k < 0 or not 0 < top_p <= 1:
+        raise ValueError("top_k must be >= 0 and top_p in (0, 1]")
     rng = make_rng(seed)
     stop_ids = np.asarray(list(stop_token_ids), dtype=np.int64)
 
@@ -111,11 +113,17 @@ def sample_rows(
     rows_S = np.arange(num_samples)
     logits_S_V = np.broadcast_to(first_logits_V, (num_samples, first_logits_V.shape[-1]))
 
+    untruncated = temperature == 1.0 and top_k == 0 and top_p == 1.0
     for k in range(max_tokens):
-        weights_S_V = truncated_probs(logits_S_V, temperature=temperature, top_k=top_k, top_p=top_p)
+        # One exp per step: the temperature-1 softmax gives the reported logprobs (VER-3)
+        # and, when nothing truncates, exactly truncated_probs' weights too.
+        shifted_S_V = logits_S_V - logits_S_V.max(axis=-1, keepdims=True)
+        exp_S_V = np.exp(shifted_S_V)
+        weights_S_V = exp_S_V if untruncated else truncated_probs(
+            logits_S_V, temperature=temperature, top_k=top_k, top_p=top_p)
         chosen_S = draw(weights_S_V, 1.0 - rng.random(num_samples))
         tokens_S_K[:, k] = chosen_S
-        logprobs_S_K[:, k] = log_softmax(logits_S_V)[rows_S, chosen_S]
+        logprobs_S_K[:, k] = shifted_S_V[rows_S, chosen_S] - np.log(exp_S_V.sum(axis=-1))
         if stop_ids.size:
             newly_S = ~stopped_S & np.isin(chosen_S, stop_ids)
             lengths_S[newly_S] = k + 1

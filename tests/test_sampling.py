@@ -191,3 +191,6 @@ def test_seedless_sampling_and_bad_arguments():
         draw(temperature=0.0)
     with pytest.raises(ValueError):
         draw(max_tokens=0)
+    for bad in (dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)):
+        with pytest.raises(ValueError):
+            draw(**bad)
