@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import schemas
+from . import violations as _violations
 from .errors import BodyTooLarge, WhitneyError
 from .state import Backend
 
@@ -25,6 +26,8 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
 
 def error_response(exc: WhitneyError) -> Response:
     headers = {}
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     if getattr(exc, "retry_after", None) is not None:
         headers["Retry-After"] = str(max(0, round(exc.retry_after)))  # type: ignore[attr-defined]
     return json_response(exc.envelope(), exc.status, headers)
@@ -32,6 +35,8 @@ def error_response(exc: WhitneyError) -> Response:
 
 async def whitney_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, WhitneyError)
+    if exc.status == 401 and "unauthorized_not_enveloped" in _backend(request).violations:
+        return json_response(_violations.bare_401_body(exc.message), 401)
     return error_response(exc)
 
 
@@ -73,7 +78,11 @@ async def read_body(request: Request) -> bytes:
 
 
 async def _body(request: Request, model: type[schemas._Body]) -> tuple[Any, Any]:
-    payload = schemas.parse_json(await read_body(request))
+    raw = await read_body(request)
+    payload = (_violations.lenient_json(raw) if "nan_accepted" in _backend(request).violations
+               else schemas.parse_json(raw))
+    if _backend(request).violations:
+        payload = _violations.rewrite_body(_backend(request).violations, model, payload)
     return schemas.validate(model, payload), payload
 
 

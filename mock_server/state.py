@@ -22,6 +22,7 @@ import orjson
 
 from . import model as nm
 from . import schemas
+from . import violations as _violations
 from .errors import Conflict, NotFound, Unauthorized, ValidationFailed, WhitneyError
 from .limits import Features, Limits
 from .primitives import PREPARERS, Checkpoint, Export, Thunk, Version
@@ -124,7 +125,7 @@ class Backend:
         self.features = features or Features()
         self.cancel_delay_ms = cancel_delay_ms
         self.clock = clock
-        self.violations = frozenset(violations)
+        self.violations = _violations.check_names(frozenset(violations))
         self.closed_retention = closed_retention
         self.reset()
 
@@ -169,6 +170,8 @@ class Backend:
         for key in self.api_keys:
             if hmac.compare_digest(token.strip().encode(), key.encode()) and found is None:
                 found = key
+        if found is None and token.strip() and "accepts_any_bearer" in self.violations:
+            found = self.api_keys[0]
         if scheme.lower() != "bearer" or found is None:
             raise Unauthorized("missing or unknown API key (Authorization: Bearer <key>)")
         return found
@@ -176,7 +179,7 @@ class Backend:
     def capabilities(self) -> dict[str, Any]:
         """DISC-1."""
         models = [nm.get_base_model(model_id) for model_id in nm.BASE_MODELS]
-        return {
+        return _violations.tamper_capabilities(self.violations, {
             "contract_version": CONTRACT_VERSION,
             "primitives": list(PREPARERS),
             "optimizers": ["adamw"],
@@ -187,7 +190,7 @@ class Backend:
                              "max_lora_rank": m.spec.max_lora_rank} for m in models],
             "limits": self.limits.as_dict(),
             "features": self.features.as_dict(),
-        }
+        })
 
     # -- time: expiry, cancellation, retention (evaluated lazily, on every request) ---------
     def tick(self) -> None:
@@ -199,7 +202,7 @@ class Backend:
             session.state = "expired"
             for run_id in session.run_ids:
                 run = self.runs[run_id]
-                if run.state not in TERMINAL:
+                if run.state not in TERMINAL and "expiry_keeps_runs" not in self.violations:
                     self._fail_held(run, "run_cancelled", "the session expired")
                     run.state = "cancelled"
             self._retire(session)
@@ -231,6 +234,8 @@ class Backend:
     # -- sessions -------------------------------------------------------------------------
     def _session(self, key: str, session_id: str) -> Session:
         session = self.sessions.get(session_id)
+        if session is not None and session.key != key and "foreign_403" in self.violations:
+            raise _violations.forbidden(f"session {session_id!r}")
         if session is None or session.key != key:
             raise NotFound(f"session {session_id!r} not found")  # SEC-2: foreign == unknown
         return session
@@ -238,7 +243,8 @@ class Backend:
     def session_view(self, session: Session) -> dict[str, Any]:
         return {"session_id": session.session_id, "state": session.state,
                 "created_at": _iso(session.created_at), "expires_at": _iso(session.expires_at),
-                "metadata": session.metadata}
+                "metadata": session.metadata
+                if "session_metadata_dropped" not in self.violations else {}}
 
     def create_session(self, *, key: str, body: schemas.CreateSession) -> dict[str, Any]:
         """LIFE-1, LIFE-2."""
@@ -271,7 +277,7 @@ class Backend:
         session = self._session(key, session_id)
         if session.state != "open":
             raise Conflict(f"session is {session.state}", type="session_not_open")
-        if session.ttl_seconds is not None:
+        if session.ttl_seconds is not None and "heartbeat_no_extend" not in self.violations:
             session.expires_at = self._timed[session_id] = self.clock() + session.ttl_seconds
         return self.session_view(session)
 
@@ -281,7 +287,7 @@ class Backend:
         if session.state != "open":
             return self.session_view(session)
         busy = [rid for rid in session.run_ids if self.runs[rid].state not in TERMINAL]
-        if busy:
+        if busy and "close_with_active_runs" not in self.violations:
             raise Conflict("the session has runs that are not terminal; finish or cancel them "
                            "and poll until terminal", type="runs_not_terminal",
                            details={"run_ids": busy})
@@ -295,6 +301,8 @@ class Backend:
     def owned_run(self, key: str, run_id: str) -> Run:
         """The run ``run_id`` if ``key`` owns it, else 404 exactly as for an unknown id (SEC-2)."""
         run = self.runs.get(run_id)
+        if run is not None and run.key != key and "foreign_403" in self.violations:
+            raise _violations.forbidden(f"run {run_id!r}")
         if run is None or run.key != key:
             raise NotFound(f"run {run_id!r} not found")
         self._settle(run)
@@ -315,7 +323,8 @@ class Backend:
                                    type="unknown_base_model",
                                    details={"base_models": sorted(nm.BASE_MODELS)})
         base = nm.get_base_model(body.base_model)
-        if body.lora.rank > base.spec.max_lora_rank:
+        if body.lora.rank > base.spec.max_lora_rank \
+                and "rank_limit_unvalidated" not in self.violations:
             raise ValidationFailed(f"lora.rank {body.lora.rank} exceeds max_lora_rank "
                                    f"{base.spec.max_lora_rank}", details={"loc": "lora.rank"})
         if session.state != "open":
@@ -338,6 +347,8 @@ class Backend:
         """LIFE-6, LIFE-8: requests held behind a gap fail with ``run_not_active``."""
         run = self.owned_run(key, run_id)
         if run.state in TERMINAL:
+            if run.state == "cancelled" and "terminal_finish_mutates" in self.violations:
+                run.state = "finished"
             return self.run_view(run)
         if run.state != "active":
             raise Conflict(f"run is {run.state}", type="run_not_active")
@@ -354,6 +365,8 @@ class Backend:
             run.state = "cancelling"
             run.cancel_at = self._cancelling[run.run_id] = self.clock() + self.cancel_delay_ms / 1000
             self._fail_held(run, "run_cancelled", "the run was cancelled")
+            if "cancel_immediately_terminal" in self.violations:
+                run.state = "cancelled"
         return 202, self.run_view(run)
 
     def fail_run(self, *, run_id: str, reason: str) -> None:
@@ -384,11 +397,13 @@ class Backend:
             if recorded.digest != digest or recorded.primitive != primitive:
                 raise Conflict(f"seq {seq} was already used with a different body",
                                type="seq_conflict", details={"seq": seq})
+            if "replay_reexecutes" in self.violations:
+                _violations.reexecute(self, run, primitive, body)
             return Outcome(recorded.status, recorded.payload, replayed=True)
         if run.state != "active":  # LIFE-8 (run_cancelled is for requests already held)
             raise Conflict(f"run is {run.state}", type="run_not_active")
         thunk = PREPARERS[primitive](self, run, body)  # 422s: refused before its turn
-        if seq == run.next_seq:
+        if seq == run.next_seq or "no_ordering_holds" in self.violations:
             return self._outcome(self._execute_from(run, seq, primitive, digest, thunk))
         held = run.held.get(seq)
         if held is not None:
@@ -428,9 +443,16 @@ class Backend:
 
     def _execute(self, run: Run, seq: int, primitive: str, digest: bytes,
                  thunk: Thunk) -> Operation:
+        if self.violations:
+            _violations.before_execute(self, run, primitive)
         try:
-            status, payload = 200, orjson.dumps(thunk(), option=orjson.OPT_SERIALIZE_NUMPY)
+            result = thunk()
+            if self.violations:
+                result = _violations.tamper_result(self, run, primitive, result)
+            status, payload = 200, orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
         except WhitneyError as exc:  # a state failure at its turn: recorded (ORD-4)
+            if "failed_op_clears_gradients" in self.violations:
+                run.grads = None
             status, payload = exc.status, orjson.dumps(exc.envelope())
         except Exception:  # a mock bug: answer 500 but keep the sequence moving
             logger.exception("primitive %s seq %d of run %s crashed", primitive, seq, run.run_id)
@@ -445,7 +467,7 @@ class Backend:
         """ORD-5: the record of ``seq`` as JSON bytes."""
         run = self.owned_run(key, run_id)
         op = run.ops.get(seq)
-        if op is None:
+        if op is None or (not op.ok and "failed_ops_unlogged" in self.violations):
             raise NotFound(f"seq {seq} has not been recorded on run {run_id}",
                            type="operation_not_found",
                            details={"seq": seq if seq <= schemas.INT64_MAX else str(seq)})

@@ -1,0 +1,8 @@
+"""Makes ``pytest --pyargs conformance`` work from a checkout without the pytest11 entry
+point: the options are added once whichever of this file and the plugin loads first."""
+
+from conformance.plugin import add_options, pytest_terminal_summary, whitney_suite  # noqa: F401
+
+
+def pytest_addoption(parser):  # noqa: ANN001, ANN201 - pytest hook
+    add_options(parser)

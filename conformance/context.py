@@ -1,0 +1,328 @@
+"""What a check receives: the wire, the capabilities, and handles for sessions and runs.
+
+Checks create every resource through :class:`Ctx` (``ctx.session()``, ``ctx.run()``), which
+tags sessions with the suite's run id and ends them when the check returns or raises. The
+per-run ``seq`` bookkeeping lives in :class:`RunHandle`: a request consumes its seq exactly
+when the contract says it is recorded (ORD-4), so checks can send the next seq without
+re-reading the run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .registry import CheckFailed, CheckUnsupported
+from .wire import PRIMARY, Reply, Wire
+
+__all__ = ["Ctx", "RunHandle", "SessionHandle", "Options", "RECORDED_FAILURES", "ADAMW",
+           "expect_status", "close", "assert_close", "assert_json_close"]
+
+# error.type values raised at a primitive's turn: recorded, consuming the seq (ORD-4, 4a).
+RECORDED_FAILURES = frozenset({"no_gradients", "version_conflict", "version_not_found",
+                               "quota_exceeded", "checkpoint_not_found"})
+TERMINAL = frozenset({"finished", "cancelled", "failed"})
+
+# AdamW for checks that only need "a step"; checks that measure the optimizer set their own.
+ADAMW = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+         "weight_decay": 0.0, "grad_clip_norm": 0.0}
+
+
+@dataclass
+class Options:
+    """Budget knobs of a run (CLI flags / pytest options)."""
+
+    max_wait_seconds: float = 5.0  # longest deliberate wait (LIFE-4 TTL expiry)
+    quota_probe: int = 16  # largest quota the suite fills to see 409 quota_exceeded
+    fuzz_examples: int = 3  # schemathesis examples per operation (0: no fuzz pass)
+    body_probe_bytes: int = 64 * 1024 * 1024  # largest body sent to provoke 413
+
+
+def expect_status(reply: Reply, status: int, error_type: str | None = None,
+                  what: str = "") -> Reply:
+    """Fail unless ``reply`` has ``status`` (and ``error.type`` when given)."""
+    ok = reply.status == status and (error_type is None or reply.error_type == error_type)
+    if not ok:
+        want = f"{status}" + (f" {error_type}" if error_type else "")
+        prefix = f"{what}: " if what else ""
+        raise CheckFailed(f"{prefix}expected {want}, got {reply.describe()}")
+    return reply
+
+
+def close(a: float, b: float, tol: float, rel: float = 0.0) -> bool:
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= tol + rel * max(abs(a), abs(b))
+
+
+def assert_close(actual: Iterable[float] | float, expected: Iterable[float] | float, tol: float,
+                 what: str, rel: float = 0.0) -> None:
+    """Elementwise |a - b| <= tol + rel·max(|a|, |b|), with a precise failure message."""
+    if isinstance(actual, (int, float)) and isinstance(expected, (int, float)):
+        if not close(float(actual), float(expected), tol, rel):
+            raise CheckFailed(f"{what}: got {actual!r}, expected {expected!r} (tol {tol:g}"
+                              + (f", rel {rel:g})" if rel else ")"))
+        return
+    actual_list, expected_list = list(actual), list(expected)  # type: ignore[arg-type]
+    if len(actual_list) != len(expected_list):
+        raise CheckFailed(f"{what}: {len(actual_list)} values, expected {len(expected_list)}")
+    for i, (a, b) in enumerate(zip(actual_list, expected_list)):
+        if a is None or b is None:
+            if a is not b:
+                raise CheckFailed(f"{what}[{i}]: got {a!r}, expected {b!r}")
+            continue
+        if not close(float(a), float(b), tol, rel):
+            raise CheckFailed(f"{what}[{i}]: got {a!r}, expected {b!r} (tol {tol:g})")
+
+
+def assert_json_close(actual: Any, expected: Any, tol: float, what: str) -> None:
+    """Structural equality of two JSON values, floats within ``tol`` (absolute + relative)."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict) or set(actual) != set(expected):
+            raise CheckFailed(f"{what}: keys {sorted(actual) if isinstance(actual, dict) else actual!r}"
+                              f" != {sorted(expected)}")
+        for key in expected:
+            assert_json_close(actual[key], expected[key], tol, f"{what}.{key}")
+    elif isinstance(expected, list):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            raise CheckFailed(f"{what}: {actual!r} != {expected!r}")
+        for i, (a, b) in enumerate(zip(actual, expected)):
+            assert_json_close(a, b, tol, f"{what}[{i}]")
+    elif isinstance(expected, float) and isinstance(actual, (int, float)) \
+            and not isinstance(actual, bool):
+        if not close(float(actual), expected, tol, rel=tol):
+            raise CheckFailed(f"{what}: {actual!r} != {expected!r} (tol {tol:g})")
+    elif actual != expected or type(actual) is not type(expected):
+        raise CheckFailed(f"{what}: {actual!r} != {expected!r}")
+
+
+class RunHandle:
+    """A run under test and its next ``seq``."""
+
+    def __init__(self, ctx: "Ctx", view: dict[str, Any], auth: str = PRIMARY) -> None:
+        self.ctx = ctx
+        self.view = view
+        self.id: str = view["run_id"]
+        self.session_id: str = view["session_id"]
+        self.auth = auth
+        self.seq = int(view.get("next_seq", 1))
+
+    def prim(self, name: str, body: dict[str, Any] | None = None, *, seq: int | None = None,
+             expect: int | tuple[int, str] | None = 200, raw: bytes | None = None,
+             auth: str | None = None, headers: dict[str, str] | None = None) -> Reply:
+        """Send primitive ``name``; ``seq`` defaults to the handle's next seq and is added to
+        ``body``. The handle advances when the reply is recorded (200 or a recorded failure).
+        """
+        use_seq = self.seq if seq is None else seq
+        payload = None if raw is not None else {"seq": use_seq, **(body or {})}
+        path = f"/runs/{self.id}/{name}"
+        if raw is not None:
+            reply = self.ctx.wire.call("POST", path, content=raw, auth=auth or self.auth,
+                                       headers=headers)
+        else:
+            reply = self.ctx.wire.call("POST", path, payload, auth=auth or self.auth,
+                                       headers=headers)
+        recorded = reply.status == 200 or reply.error_type in RECORDED_FAILURES
+        if recorded and use_seq == self.seq and not reply.headers.get("whitney-replayed"):
+            self.seq += 1
+        if expect is not None:
+            status, etype = (expect, None) if isinstance(expect, int) else expect
+            expect_status(reply, status, etype, what=f"{name} seq {use_seq}")
+        return reply
+
+    def body(self, name: str, body: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Send ``name`` expecting 200 and return the parsed body."""
+        return self.prim(name, body, **kwargs).body
+
+    def forward(self, data: list[dict[str, Any]], loss: str = "cross_entropy",
+                config: dict[str, Any] | None = None, *, backward: bool = False,
+                **kwargs: Any) -> dict[str, Any]:
+        return self.body("forward_backward" if backward else "forward",
+                         {"loss_function": loss, "loss_config": config or {}, "data": data},
+                         **kwargs)
+
+    def step(self, **adamw: Any) -> dict[str, Any]:
+        return self.body("optim_step", {"adamw": {**ADAMW, **adamw}})
+
+    def save(self, version: int) -> dict[str, Any]:
+        return self.body("save_weights_for_sampler", {"version": version})
+
+    def get(self, auth: str | None = None) -> dict[str, Any]:
+        reply = self.ctx.wire.call("GET", f"/runs/{self.id}", auth=auth or self.auth)
+        self.view = expect_status(reply, 200, what=f"GET run {self.id}").body
+        return self.view
+
+    def wait_terminal(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Poll ``GET /runs/{rid}`` until a terminal state (LIFE-7)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            view = self.get()
+            if view.get("state") in TERMINAL:
+                return view
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"run {self.id} still {view.get('state')!r} after {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+
+class SessionHandle:
+    def __init__(self, ctx: "Ctx", view: dict[str, Any], auth: str) -> None:
+        self.ctx = ctx
+        self.view = view
+        self.id: str = view["session_id"]
+        self.auth = auth
+        self.runs: list[RunHandle] = []
+
+
+@dataclass
+class Ctx:
+    """Per-suite state shared by checks (capabilities are read once)."""
+
+    wire: Wire
+    run_tag: str
+    options: Options = field(default_factory=Options)
+    caps: dict[str, Any] = field(default_factory=dict)
+    check_id: str = "(suite)"
+    _sessions: list[SessionHandle] = field(default_factory=list)
+    _rtt: float | None = None
+
+    # ---------------------------------------------------------------- capabilities
+    @property
+    def base_model(self) -> dict[str, Any]:
+        models = self.caps.get("base_models") or []
+        if not models:
+            raise CheckUnsupported("capabilities declare no base model")
+        return models[0]
+
+    @property
+    def vocab(self) -> int:
+        return int(self.base_model["vocab_size"])
+
+    @property
+    def eos(self) -> int:
+        return int(self.base_model["eos_token_id"])
+
+    @property
+    def limits(self) -> dict[str, Any]:
+        return self.caps.get("limits") or {}
+
+    @property
+    def tol(self) -> float:
+        return float((self.caps.get("features") or {}).get("logprob_tolerance", 1e-4))
+
+    def losses(self) -> dict[str, Any]:
+        return self.caps.get("loss_functions") or {}
+
+    def has_loss(self, name: str) -> bool:
+        return name in self.losses()
+
+    def has_primitive(self, name: str) -> bool:
+        return name in (self.caps.get("primitives") or [])
+
+    def declares(self, capability: str) -> bool:
+        """Whether a dotted capability path is declared (see ``registry.check``)."""
+        head, _, rest = capability.partition(".")
+        node: Any = self.caps.get(head)
+        if not rest:
+            return bool(node)
+        if isinstance(node, list):
+            return rest in node
+        if isinstance(node, dict):
+            return bool(node.get(rest)) or (rest in node and node[rest] == {})
+        return False
+
+    def require_loss(self, *names: str) -> None:
+        missing = [n for n in names if not self.has_loss(n)]
+        if missing:
+            raise CheckUnsupported(f"loss function(s) not declared: {', '.join(missing)}")
+
+    def tokens(self, text: str) -> list[int]:
+        """Token ids for a short ASCII text, valid for any vocabulary (byte value mod V)."""
+        return [ord(ch) % self.vocab for ch in text]
+
+    def hold_pause(self) -> float:
+        """How long to wait after sending a request that should be held before acting on the
+        assumption that the server has it: several round trips, well inside order_wait_ms."""
+        if self._rtt is None:
+            samples = sorted(self.wire.call("GET", "/capabilities").elapsed for _ in range(3))
+            self._rtt = samples[1]
+        wait = int(self.limits.get("order_wait_ms", 1000)) / 1000
+        return min(wait / 3, max(0.1, 4 * self._rtt))
+
+    # ---------------------------------------------------------------- resources
+    def tag(self) -> dict[str, str]:
+        return {"whitney-conformance-run": self.run_tag, "whitney-conformance-check": self.check_id}
+
+    def create_session(self, body: dict[str, Any] | None = None, *, auth: str = PRIMARY,
+                       expect: int = 201) -> Reply:
+        """POST /sessions with the suite's tag merged into ``metadata`` (hygiene)."""
+        payload = dict(body or {})
+        payload["metadata"] = {**self.tag(), **(payload.get("metadata") or {})}
+        reply = self.wire.call("POST", "/sessions", payload, auth=auth)
+        expect_status(reply, expect, what="create session")
+        if reply.status == 201:
+            self.adopt_session(reply, auth)
+        return reply
+
+    def adopt_session(self, reply: Reply, auth: str = PRIMARY) -> SessionHandle:
+        """Make a session created by a raw request this check's (closed when it ends)."""
+        handle = SessionHandle(self, reply.body, auth)
+        self._sessions.append(handle)
+        return handle
+
+    def session(self, *, auth: str = PRIMARY, fresh: bool = False,
+                **body: Any) -> SessionHandle:
+        """An open session of this check with room for one more run."""
+        limit = int(self.limits.get("max_runs_per_session") or 1_000_000)
+        if not fresh and not body:
+            for handle in reversed(self._sessions):
+                tracked = self.wire.tracker.sessions.get(handle.id)
+                if (handle.auth == auth and len(handle.runs) < limit
+                        and not (tracked and tracked.closed)):
+                    return handle
+        self.create_session(body, auth=auth)
+        return self._sessions[-1]
+
+    def run_body(self, *, seed: int = 1234, rank: int = 4, alpha: float = 8.0,
+                 **extra: Any) -> dict[str, Any]:
+        lora: dict[str, Any] = {"rank": rank, "alpha": alpha}
+        if seed is not None:
+            lora["seed"] = seed
+        return {"base_model": self.base_model["id"], "lora": lora, "optimizer": "adamw", **extra}
+
+    def run(self, *, seed: int = 1234, rank: int = 4, alpha: float = 8.0,
+            session: SessionHandle | None = None, auth: str = PRIMARY) -> RunHandle:
+        """A new active run (LIFE-5 body) in ``session`` or this check's session."""
+        session = session or self.session(auth=auth)
+        reply = self.wire.call("POST", f"/sessions/{session.id}/runs",
+                               self.run_body(seed=seed, rank=rank, alpha=alpha), auth=auth)
+        expect_status(reply, 201, what="create run")
+        handle = RunHandle(self, reply.body, auth=auth)
+        session.runs.append(handle)
+        return handle
+
+    def end_check_resources(self) -> None:
+        """Finish (or wait out) every run of the check, then close its sessions."""
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            for run in session.runs:
+                self._end_run(run.id, run.auth)
+            self.wire.call("POST", f"/sessions/{session.id}/close", {}, auth=session.auth)
+
+    def _end_run(self, run_id: str, auth: str) -> None:
+        reply = self.wire.call("GET", f"/runs/{run_id}", auth=auth)
+        state = reply.body.get("state") if isinstance(reply.body, dict) else None
+        if reply.status != 200 or state in TERMINAL:
+            return
+        if state == "active":
+            reply = self.wire.call("POST", f"/runs/{run_id}/finish", {}, auth=auth)
+            if reply.status == 200 and (reply.body or {}).get("state") in TERMINAL:
+                return
+            self.wire.call("POST", f"/runs/{run_id}/cancel", {}, auth=auth)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            reply = self.wire.call("GET", f"/runs/{run_id}", auth=auth)
+            if reply.status != 200 or (reply.body or {}).get("state") in TERMINAL:
+                return
+            time.sleep(0.02)

@@ -1,0 +1,148 @@
+"""Reports of a run: a rich table per rule family, JSON (``--report-json``), JUnit XML."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from .registry import FAMILIES, Status
+from .runner import Outcome, Summary
+
+__all__ = ["print_report", "to_json", "write_json", "write_junit", "rule_status"]
+
+_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red",
+          Status.WARN: "yellow", Status.UNSUPPORTED: "cyan", Status.NOT_RUN: "dim"}
+# Worst first: a rule's status is the worst of its checks'.
+_SEVERITY = [Status.ERROR, Status.FAIL, Status.WARN, Status.NOT_RUN, Status.UNSUPPORTED,
+             Status.PASS]
+
+
+def rule_status(outcomes: list[Outcome]) -> Status:
+    present = {o.status for o in outcomes}
+    return next(s for s in _SEVERITY if s in present)
+
+
+def _by_family(summary: Summary) -> dict[str, list[Outcome]]:
+    grouped: dict[str, list[Outcome]] = defaultdict(list)
+    for outcome in summary.outcomes:
+        grouped[outcome.check.family].append(outcome)
+    return {family: grouped[family] for family in FAMILIES if family in grouped}
+
+
+def print_report(summary: Summary, console: Any = None, *, verbose: bool = False) -> None:
+    """One table per rule family, then totals, resources and the verdict."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    console.print(f"[bold]Whitney conformance[/bold] against {escape(summary.target)} "
+                  f"(run {summary.run_tag})")
+    for family, outcomes in _by_family(summary).items():
+        counts = {s: sum(o.status is s for o in outcomes) for s in Status}
+        caption = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+        table = Table(title=f"{family}  ({caption})", title_justify="left", expand=True,
+                      show_lines=False)
+        table.add_column("rule", no_wrap=True)
+        table.add_column("check", no_wrap=True)
+        table.add_column("level", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("detail", overflow="fold", ratio=1)
+        for outcome in outcomes:
+            check = outcome.check
+            level = check.level.value + (f" ({check.capability})" if check.capability else "")
+            detail = outcome.detail if (verbose or outcome.status in (Status.FAIL, Status.ERROR)
+                                        ) else outcome.detail[:300]
+            if outcome.status is Status.PASS:
+                detail = check.title  # what was verified
+            table.add_row(check.rule, check.name, level,
+                          f"[{_STYLE[outcome.status]}]{outcome.status.value}[/]", escape(detail))
+        console.print(table)
+    totals = summary.counts()
+    console.print("  ".join(f"{k}: {v}" for k, v in totals.items() if v))
+    res = summary.resources
+    closed = "all closed" if res.all_closed else escape(f"NOT all closed: {res.leaked[:5]}")
+    console.print(f"resources: {res.sessions_created} sessions and {res.runs_created} runs "
+                  f"created, {res.sessions_closed} sessions closed, {res.runs_terminal} runs "
+                  f"terminal: {closed}")
+    console.print(f"budget: {summary.requests} requests, {summary.tokens_sent} tokens in "
+                  f"accepted requests, {summary.sample_tokens_requested} sample tokens "
+                  f"requested, {summary.seconds:.1f}s")
+    if summary.interrupted:
+        console.print("[bold yellow]interrupted[/]: resources were cleaned up; exit code 130")
+    elif summary.exit_code == 0:
+        console.print("[bold green]every MUST (and declared capability) passes[/]")
+    else:
+        console.print(f"[bold red]failing rules: "
+                      f"{escape(', '.join(sorted(summary.failing_rules())))}[/]")
+
+
+def to_json(summary: Summary) -> dict[str, Any]:
+    rules: dict[str, Any] = {}
+    grouped: dict[str, list[Outcome]] = defaultdict(list)
+    for outcome in summary.outcomes:
+        grouped[outcome.check.rule].append(outcome)
+    for rule, outcomes in grouped.items():
+        rules[rule] = {"status": rule_status(outcomes).value,
+                       "levels": sorted({o.check.level.value for o in outcomes}),
+                       "checks": [o.check.id for o in outcomes]}
+    res = summary.resources
+    return {
+        "target": summary.target,
+        "run_tag": summary.run_tag,
+        "exit_code": summary.exit_code,
+        "interrupted": summary.interrupted,
+        "seconds": round(summary.seconds, 3),
+        "counts": summary.counts(),
+        "failing_rules": sorted(summary.failing_rules()),
+        "rules": rules,
+        "checks": [{
+            "id": o.check.id, "rule": o.check.rule, "family": o.check.family,
+            "level": o.check.level.value, "capability": o.check.capability,
+            "title": o.check.title, "status": o.status.value, "detail": o.detail,
+            "seconds": round(o.seconds, 4),
+        } for o in summary.outcomes],
+        "resources": {
+            "sessions_created": res.sessions_created, "sessions_closed": res.sessions_closed,
+            "runs_created": res.runs_created, "runs_terminal": res.runs_terminal,
+            "all_closed": res.all_closed, "leaked": res.leaked,
+        },
+        "requests": summary.requests,
+        "tokens_sent": summary.tokens_sent,
+        "sample_tokens_requested": summary.sample_tokens_requested,
+    }
+
+
+def write_json(summary: Summary, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_json(summary), indent=2) + "\n", encoding="utf-8")
+
+
+def write_junit(summary: Summary, path: str | Path) -> None:
+    """JUnit XML: one testsuite per family, one testcase per check (fail/error -> failure or
+    error, unsupported/not_run -> skipped, warn -> passed with system-out)."""
+    root = ET.Element("testsuites", name="whitney-conformance",
+                      tests=str(len(summary.outcomes)), time=f"{summary.seconds:.3f}")
+    for family, outcomes in _by_family(summary).items():
+        suite = ET.SubElement(root, "testsuite", name=family, tests=str(len(outcomes)),
+                              failures=str(sum(o.status is Status.FAIL for o in outcomes)),
+                              errors=str(sum(o.status is Status.ERROR for o in outcomes)),
+                              skipped=str(sum(o.status in (Status.UNSUPPORTED, Status.NOT_RUN)
+                                              for o in outcomes)))
+        for outcome in outcomes:
+            case = ET.SubElement(suite, "testcase", classname=f"conformance.{family}",
+                                 name=outcome.check.id, time=f"{outcome.seconds:.4f}")
+            message = outcome.detail[:2000]
+            if outcome.status is Status.FAIL:
+                element = ET.SubElement(case, "failure", message=message[:500],
+                                        type=outcome.check.level.value)
+                element.text = message
+            elif outcome.status is Status.ERROR:
+                ET.SubElement(case, "error", message=message[:500]).text = message
+            elif outcome.status in (Status.UNSUPPORTED, Status.NOT_RUN):
+                ET.SubElement(case, "skipped", message=f"{outcome.status.value}: {message}"[:500])
+            elif outcome.status is Status.WARN:
+                ET.SubElement(case, "system-out").text = f"warn: {message}"
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

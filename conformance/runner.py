@@ -1,0 +1,315 @@
+"""Run checks against a target, end every resource, and summarise.
+
+Hygiene: each check's sessions are closed when it returns or raises; teardown then sweeps
+everything the tracker saw created (by checks or the fuzzer, under either key): runs that are
+not terminal are cancelled and polled until terminal, then sessions are closed, and each one
+is read back so the summary can state that all were closed. Teardown also runs on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import httpx
+
+from .context import TERMINAL, Ctx, Options
+from .registry import (Check, CheckFailed, CheckUnsupported, CheckWarning, Level, Status,
+                       all_checks, select)
+from .schema import OpenAPI
+from .target import Target
+from .wire import PRIMARY, SECOND, Wire
+
+__all__ = ["Outcome", "Resources", "Summary", "Suite", "run_suite"]
+
+
+@dataclass
+class Outcome:
+    check: Check
+    status: Status
+    detail: str = ""
+    seconds: float = 0.0
+
+    @property
+    def counts_as_failure(self) -> bool:
+        """A failure of a MUST, or of a declared optional capability (exit code 1)."""
+        return self.status in (Status.FAIL, Status.ERROR) and self.check.level is not Level.SHOULD
+
+
+@dataclass
+class Resources:
+    sessions_created: int = 0
+    sessions_closed: int = 0
+    runs_created: int = 0
+    runs_terminal: int = 0
+    leaked: list[str] = field(default_factory=list)
+    session_ids: list[str] = field(default_factory=list)  # every session the run created
+
+    @property
+    def all_closed(self) -> bool:
+        return not self.leaked and self.sessions_closed == self.sessions_created \
+            and self.runs_terminal == self.runs_created
+
+
+@dataclass
+class Summary:
+    target: str
+    run_tag: str
+    outcomes: list[Outcome]
+    resources: Resources
+    requests: int
+    tokens_sent: int
+    sample_tokens_requested: int
+    seconds: float
+    interrupted: bool = False
+    capabilities: dict = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 1 if any(o.counts_as_failure for o in self.outcomes) else 0
+
+    def failing_rules(self) -> set[str]:
+        return {o.check.rule for o in self.outcomes if o.counts_as_failure}
+
+    def counts(self) -> dict[str, int]:
+        out = {status.value: 0 for status in Status}
+        for outcome in self.outcomes:
+            out[outcome.status.value] += 1
+        return out
+
+
+class Suite:
+    """One conformance run against one target."""
+
+    def __init__(self, target: Target, *, openapi: OpenAPI | None = None,
+                 validate_schema: bool = True, options: Options | None = None,
+                 run_tag: str | None = None) -> None:
+        self.target = target
+        self.run_tag = run_tag or uuid.uuid4().hex[:12]
+        if validate_schema and openapi is None:
+            openapi = OpenAPI.load()
+        self.wire = Wire(target, openapi if validate_schema else None)
+        self.ctx = Ctx(wire=self.wire, run_tag=self.run_tag, options=options or Options())
+        self.capabilities_error: str | None = None
+
+    def load_capabilities(self) -> None:
+        self.wire.current_check = "(capabilities)"
+        try:
+            reply = self.wire.call("GET", "/capabilities")
+        except httpx.HTTPError as exc:
+            self.capabilities_error = f"GET /capabilities failed: {type(exc).__name__}: {exc}"
+            return
+        if reply.status != 200 or not isinstance(reply.body, dict):
+            self.capabilities_error = f"GET /capabilities: {reply.describe()}"
+            return
+        self.ctx.caps = reply.body
+
+    def side_context(self) -> Ctx:
+        """A context for a check running beside the main sequence (its own resources)."""
+        return Ctx(wire=self.wire, run_tag=self.run_tag, options=self.ctx.options,
+                   caps=self.ctx.caps)
+
+    def run_check(self, entry: Check, ctx: Ctx | None = None) -> Outcome:
+        """Run one check; ``ctx`` other than the suite's means a side thread."""
+        if self.capabilities_error:
+            return Outcome(entry, Status.ERROR, self.capabilities_error)
+        if entry.capability and not self.ctx.declares(entry.capability):
+            return Outcome(entry, Status.UNSUPPORTED, f"{entry.capability} not declared in "
+                                                      f"GET /capabilities")
+        if entry.needs_second_key and not self.target.second_api_key:
+            return Outcome(entry, Status.UNSUPPORTED, "no second API key (--second-api-key / "
+                                                      "WHITNEY_SECOND_API_KEY)")
+        ctx = ctx or self.ctx
+        if ctx is self.ctx:
+            self.wire.current_check = entry.id
+        else:
+            self.wire.bind_thread(entry.id)
+        ctx.check_id = entry.id
+        started = time.monotonic()
+        status, detail = Status.PASS, ""
+        try:
+            entry.func(ctx)
+        except CheckFailed as exc:
+            status = Status.WARN if entry.level is Level.SHOULD else Status.FAIL
+            detail = str(exc)
+        except CheckWarning as exc:
+            status, detail = Status.WARN, str(exc)
+        except CheckUnsupported as exc:
+            status, detail = Status.UNSUPPORTED, str(exc)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+            # A response without the fields the contract promises ends a check here.
+            status = Status.WARN if entry.level is Level.SHOULD else Status.FAIL
+            detail = f"unexpected response shape: {type(exc).__name__}: {exc} " \
+                     f"({_where(exc)})"
+        except httpx.HTTPError as exc:
+            status, detail = Status.ERROR, f"transport error: {type(exc).__name__}: {exc}"
+        finally:
+            try:
+                ctx.end_check_resources()
+            except httpx.HTTPError:
+                pass  # teardown sweeps whatever is left
+        return Outcome(entry, status, self.wire.mask(detail), time.monotonic() - started)
+
+    def teardown(self) -> Resources:
+        """Cancel every non-terminal run, close every session, and verify."""
+        self.wire.current_check = "(teardown)"
+        tracker = self.wire.tracker
+        resources = Resources(sessions_created=len(tracker.sessions),
+                              runs_created=len(tracker.runs),
+                              session_ids=list(tracker.sessions))
+
+        def auth_of(label: str) -> str:
+            return SECOND if label == SECOND else PRIMARY
+
+        for run in list(tracker.runs.values()):
+            if run.terminal:
+                continue
+            try:
+                reply = self.wire.call("GET", f"/runs/{run.run_id}", auth=auth_of(run.key))
+                if reply.status == 200 and reply.body.get("state") not in TERMINAL:
+                    if reply.body.get("state") == "active":
+                        self.wire.call("POST", f"/runs/{run.run_id}/cancel", {},
+                                       auth=auth_of(run.key))
+                    self._poll_terminal(run.run_id, auth_of(run.key))
+            except httpx.HTTPError:
+                pass
+        for session in list(tracker.sessions.values()):
+            if session.closed:
+                continue
+            try:
+                self.wire.call("POST", f"/sessions/{session.session_id}/close", {},
+                               auth=auth_of(session.key))
+            except httpx.HTTPError:
+                pass
+        for run in tracker.runs.values():
+            state = self._state(f"/runs/{run.run_id}", auth_of(run.key))
+            if state in TERMINAL:
+                resources.runs_terminal += 1
+            else:
+                resources.leaked.append(f"run {run.run_id} ({state}, from {run.check_id})")
+        for session in tracker.sessions.values():
+            state = self._state(f"/sessions/{session.session_id}", auth_of(session.key))
+            if state in ("closed", "expired"):
+                resources.sessions_closed += 1
+            else:
+                resources.leaked.append(f"session {session.session_id} ({state}, from "
+                                        f"{session.check_id})")
+        return resources
+
+    def _poll_terminal(self, run_id: str, auth: str, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._state(f"/runs/{run_id}", auth) in TERMINAL:
+                return
+            time.sleep(0.02)
+
+    def _state(self, path: str, auth: str) -> str | None:
+        try:
+            reply = self.wire.call("GET", path, auth=auth)
+        except httpx.HTTPError as exc:
+            return f"unreadable: {type(exc).__name__}"
+        if reply.status != 200 or not isinstance(reply.body, dict):
+            return f"GET -> {reply.status}"
+        return reply.body.get("state")
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        if "/conformance/" in frame.filename:
+            return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}"
+    return "?"
+
+
+def _join_side(side: threading.Thread, slow: list[Check], outcomes: dict[str, Outcome],
+               on_outcome: Callable[[Outcome], None] | None) -> None:
+    side.join()
+    for entry in slow:
+        if on_outcome and entry.id in outcomes:
+            on_outcome(outcomes[entry.id])
+
+
+def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool = True,
+              options: Options | None = None, openapi: OpenAPI | None = None,
+              validate_schema: bool = True,
+              on_outcome: Callable[[Outcome], None] | None = None,
+              run_tag: str | None = None) -> Summary:
+    """Run the selected checks (all by default) and tear down; never raises on Ctrl-C.
+
+    ``only`` selects by rule-id prefix (see ``registry.select``); the aggregate checks over
+    every response are added to any selection. Without ``keep_going`` the run stops at the
+    first failing MUST check; the rest are reported ``not_run``. Checks marked ``run_last`` (aggregates over every response) run
+    after the others. Responses are validated against ``openapi`` (default: the packaged
+    ``openapi.yaml``) unless ``validate_schema`` is false.
+    """
+    started = time.monotonic()
+    suite = Suite(target, openapi=openapi, validate_schema=validate_schema, options=options,
+                  run_tag=run_tag)
+    checks = select(all_checks(), only)
+    if only and checks:
+        # Aggregates over every response (SCHEMA-1, TRANSPORT-1:every-response) always judge
+        # the responses of whatever ran: a restricted run must not hide a schema violation.
+        checks += [c for c in all_checks() if c.run_last and c not in checks]
+    ordered = [c for c in checks if not c.run_last] + [c for c in checks if c.run_last]
+    outcomes: dict[str, Outcome] = {}
+    interrupted = False
+    side: threading.Thread | None = None
+    try:
+        suite.load_capabilities()
+        # Checks that mostly wait (TTL expiry, order_wait_ms) run in one side thread while
+        # the others proceed; aggregates (run_last) wait for it.
+        slow = [c for c in ordered if c.slow and not c.run_last]
+
+        def run_slow() -> None:
+            side_ctx = suite.side_context()
+            for entry in slow:
+                outcomes[entry.id] = suite.run_check(entry, side_ctx)
+
+        if slow:
+            side = threading.Thread(target=run_slow, name="conformance-slow", daemon=True)
+            side.start()
+        stop = False
+        for entry in ordered:
+            if entry.slow and not entry.run_last:
+                continue
+            if entry.run_last and side is not None:
+                _join_side(side, slow, outcomes, on_outcome)
+                side = None
+            if stop and not entry.run_last:
+                outcomes[entry.id] = Outcome(entry, Status.NOT_RUN, "stopped after a failure "
+                                                                    "(use --keep-going)")
+                continue
+            outcome = suite.run_check(entry)
+            outcomes[entry.id] = outcome
+            if on_outcome:
+                on_outcome(outcome)
+            if outcome.counts_as_failure and not keep_going:
+                stop = True
+        if side is not None:
+            _join_side(side, slow, outcomes, on_outcome)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        try:
+            resources = suite.teardown()
+        except KeyboardInterrupt:
+            interrupted = True
+            resources = Resources(sessions_created=len(suite.wire.tracker.sessions),
+                                  runs_created=len(suite.wire.tracker.runs),
+                                  leaked=["teardown interrupted"])
+        suite.wire.close()
+    for entry in ordered:
+        outcomes.setdefault(entry.id, Outcome(entry, Status.NOT_RUN, "interrupted"))
+    return Summary(
+        target=target.description, run_tag=suite.run_tag,
+        outcomes=[outcomes[c.id] for c in checks], resources=resources,
+        requests=suite.wire.requests, tokens_sent=suite.wire.tokens_sent,
+        sample_tokens_requested=suite.wire.sample_tokens_requested,
+        seconds=time.monotonic() - started, interrupted=interrupted,
+        capabilities=suite.ctx.caps)
