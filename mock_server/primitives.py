@@ -153,7 +153,7 @@ def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
                            f"(check logprobs and advantages): {exc}",
                            type="non_finite_loss") from None
         loss = float(result.loss)
-        if backward:
+        if backward and result.grads is not None:
             run.accumulate(result.grads)
         return {
             "loss": loss,

@@ -50,7 +50,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 def _backend(request: Request) -> Backend:
-    return request.app.state.backend  # type: ignore[no-any-return]
+    return request.app.state.backend
 
 
 def _key(request: Request) -> str:

@@ -155,7 +155,7 @@ class MockWhitney:
 
     @property
     def backend(self) -> Backend:
-        return self.app.state.backend  # type: ignore[no-any-return]
+        return self.app.state.backend
 
     def new_client(self, **kwargs: Any) -> httpx.Client:
         """Another ``httpx.Client`` on this mock (closed with the mock); kwargs go to httpx."""
