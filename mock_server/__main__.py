@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if not _is_loopback(args.host):
         print(f"WARNING: serving on {args.host}, not loopback: anyone who can reach this "
               f"address and knows a key can use the mock.", file=sys.stderr)
-    masked = ", ".join(k[:4] + "…" if len(k) > 8 else k for k in keys)
+    masked = ", ".join(k[:4] + "…" if len(k) > 8 else k[:1] + "…" for k in keys)
     print(f"whitney mock serving http://{args.host}:{args.port}/v1/training  keys: {masked}",
           flush=True)
     # Our request log (logs.py) replaces uvicorn's access log: one structured line per request.

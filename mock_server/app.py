@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -57,6 +58,8 @@ class EnvelopeMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:  # the client hung up before its body was read: no one to answer
+            return
         except Exception:
             logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if started:
@@ -95,7 +98,7 @@ def create_app(*, api_keys: tuple[str, ...] | list[str] = ("whitney-mock-key",),
                limits: Limits | dict[str, Any] | None = None, order_wait_ms: int | None = None,
                cancel_delay_ms: int = 50, features: Features | None = None,
                control_plane: bool = False, violations: frozenset[str] | set[str] = frozenset(),
-               clock: Any = None) -> Starlette:
+               clock: Any = None, closed_retention: int = 256) -> Starlette:
     """Build a mock Whitney server as an ASGI app.
 
     ``api_keys``: accepted bearer keys (each its own tenant, SEC-2). ``seed``: ids and unseeded
@@ -103,7 +106,9 @@ def create_app(*, api_keys: tuple[str, ...] | list[str] = ("whitney-mock-key",),
     ``limits.order_wait_ms`` (ORD-2). ``cancel_delay_ms``: time spent in ``cancelling``
     (LIFE-7). ``control_plane``: serve ``/_mock/`` (trace, faults, reset). ``violations``:
     in-process contract violations used to prove the conformance suite can fail (see
-    ``mock_server.violations``); never reachable over HTTP.
+    ``mock_server.violations``); never reachable over HTTP. ``closed_retention``: how many
+    closed or expired sessions stay readable (their weights are freed at once; older ones
+    are forgotten, so memory stays flat). ``clock``: a ``time.time``-like callable for tests.
     """
     base_limits = limits if isinstance(limits, Limits) else Limits().with_overrides(limits)
     if order_wait_ms is not None:
@@ -113,7 +118,8 @@ def create_app(*, api_keys: tuple[str, ...] | list[str] = ("whitney-mock-key",),
         kwargs["clock"] = clock
     backend = Backend(api_keys=tuple(api_keys), seed=seed, limits=base_limits,
                       features=features, cancel_delay_ms=cancel_delay_ms,
-                      violations=frozenset(violations), **kwargs)
+                      violations=frozenset(violations), closed_retention=closed_retention,
+                      **kwargs)
     table = routes()
     if control_plane:
         from .control import control_routes

@@ -172,8 +172,15 @@ def prepare_optim_step(backend: "Backend", run: "Run", body: schemas.OptimStep) 
         if run.grads is None:
             raise Conflict("no gradient accumulated since the last optim_step; call "
                            "forward_backward first", type="no_gradients")
-        params, state, grad_norm, update_norm = nm.adamw_step(run.lora.params, run.grads,
-                                                              run.optimizer, **hp)
+        with np.errstate(all="ignore"):
+            params, state, grad_norm, update_norm = nm.adamw_step(run.lora.params, run.grads,
+                                                                  run.optimizer, **hp)
+        finite = np.isfinite([grad_norm, update_norm]).all() and all(
+            np.isfinite(a).all() for group in (params, state.m, state.v) for a in group.values())
+        if not finite:  # nothing is assigned: the weights stay as they were (ERR-3)
+            raise Conflict("this AdamW step would make the weights or moments non-finite "
+                           "(check learning_rate, weight_decay and eps)",
+                           type="non_finite_update")
         run.lora = nm.Lora(params=params, rank=run.lora.rank, alpha=run.lora.alpha)
         run.optimizer = state
         run.grads = None

@@ -50,7 +50,9 @@ def truncated_probs(
       distribution, renormalised) whose mass reaches top_p, plus any token exactly tied with
       the least probable one kept; the most probable token is always kept.
     """
-    scaled_S_V = logits_S_V / temperature
+    # Shift before dividing: at a vanishing temperature the division alone overflows to inf.
+    with np.errstate(over="ignore"):
+        scaled_S_V = (logits_S_V - logits_S_V.max(axis=-1, keepdims=True)) / temperature
     vocab = scaled_S_V.shape[-1]
     if 0 < top_k < vocab:
         kth_S = np.partition(scaled_S_V, vocab - top_k, axis=-1)[:, vocab - top_k]

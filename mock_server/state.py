@@ -458,7 +458,8 @@ class Backend:
             logger.exception("primitive %s seq %d of run %s crashed", primitive, seq, run.run_id)
             status, payload = 500, orjson.dumps(WhitneyError("the mock hit an internal error "
                                                              "executing this primitive").envelope())
-        operation = Operation(seq, primitive, digest, status, payload)
+        # orjson hands back its whole write buffer; copy to keep each record at its size.
+        operation = Operation(seq, primitive, digest, status, bytes(memoryview(payload)))
         run.ops[seq] = operation
         run.next_seq = seq + 1
         return operation

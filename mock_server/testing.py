@@ -58,7 +58,7 @@ class _UvicornThread:
     def __init__(self, app: Any, host: str) -> None:
         import uvicorn
 
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))  # the kernel picks a free port; no race with other tests
         self.port: int = self.sock.getsockname()[1]

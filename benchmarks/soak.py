@@ -1,0 +1,604 @@
+"""``python -m benchmarks.soak``: a bounded soak of the mock over uvicorn, under injected faults.
+
+``--clients`` clients (one API key each) run pipelined GRPO cycles against one mock served by
+uvicorn on 127.0.0.1 (never another interface), in this process:
+
+    save_weights_for_sampler(version k) ‖ sample(version k) per prompt     (sent at once, ORD-2)
+    -> rewards, group advantages (mean-centred, std-normalised)
+    -> forward_backward(importance_sampling) ‖ optim_step(explicit AdamW)  (sent at once)
+
+then save_state ‖ export_lora, finish, close. A chaos thread arms faults through the control
+plane (``POST /_mock/faults``) on the cycle primitives, in turn: 503 before executing, 503
+after executing, a dropped response after executing, and latency longer than the clients'
+read timeout (a client-side timeout). Clients retry every primitive with the SAME seq and the
+SAME bytes (ORD-3), so every lost answer comes back as a replay.
+
+Checked at the end (any failure: exit status 1):
+
+- every run's trace (``GET /_mock/trace``) is exactly the seqs and primitives its client
+  intended, each once and completed;
+- every answer a client kept equals what a fault-free replay of the same bodies on a fresh
+  in-process mock answers (so nothing ran twice or out of order), and the final run view
+  matches (state, step, versions);
+- no 5xx reached a client except the injected ones, and the server logged no crash;
+- traced memory (tracemalloc, this whole process) is back to its baseline. Baseline and end
+  are reached the same way: a fault-free client warms every cache (the model's bounded cache
+  of compiled adapters included), then empty sessions push everything out of the mock's
+  closed-session window. Also reported: the peak during the soak, and ``after_close``, what
+  the mock still keeps for the closed sessions (their ORD-3 records) before they leave.
+
+It stops by itself: each client runs ``--cycles`` cycles or stops starting new ones after
+``--seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import logging
+import random
+import socket
+import statistics
+import sys
+import threading
+import time
+import tracemalloc
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from mock_server import InProcessTransport, create_app
+
+API = "/v1/training"
+MODEL = "whitney-mock/tiny-byte"
+BOS = 256
+ADAMW = {"learning_rate": 0.02, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
+         "grad_clip_norm": 1.0}
+PROMPTS = [[BOS, *b"Say a vowel: "], [BOS, *b"Name a fruit: "], [BOS, *b"Hello, "]]
+CYCLE_PRIMITIVES = ["save_weights_for_sampler", "sample", "forward_backward", "optim_step"]
+FAULTS: dict[str, dict[str, Any]] = {
+    "503_before": {"kind": "error", "status": 503, "after_execute": False},
+    "503_after": {"kind": "error", "status": 503, "after_execute": True},
+    "drop_after": {"kind": "drop", "after_execute": True},
+    "timeout": {"kind": "latency"},  # delay_ms set from the client timeout
+}
+
+
+@dataclass
+class Config:
+    clients: int = 16
+    cycles: int = 4
+    seconds: float = 60.0
+    prompts: int = 2
+    group: int = 4
+    max_tokens: int = 12
+    client_timeout: float = 1.0
+    fault_interval: float = 0.1
+    fault_burst: int = 2
+    fault_skip: tuple[int, int] = (1, 4)  # calls let through before an armed fault fires
+    fault_kinds: tuple[str, ...] = tuple(FAULTS)
+    fault_primitives: tuple[str, ...] = tuple(CYCLE_PRIMITIVES)
+    seed: int = 0
+    violations: tuple[str, ...] = ()  # mock_server.violations, in-process only: proves the
+    # soak's checks can fail (tests/test_soak_short.py)
+
+
+@dataclass
+class Counters:
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    requests: int = 0
+    retries: int = 0
+    replays: int = 0
+    timeouts: int = 0
+    dropped: int = 0
+    injected_5xx: int = 0
+    unexpected_5xx: int = 0
+    seq_gaps: int = 0
+
+    def add(self, **deltas: int) -> None:
+        with self.lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def as_dict(self) -> dict[str, int]:
+        with self.lock:
+            return {k: v for k, v in vars(self).items() if k != "lock"}
+
+
+class SoakError(Exception):
+    """A client could not complete (a non-retryable answer or too many attempts)."""
+
+
+class RetryingClient:
+    """A minimal Whitney client: primitives are re-sent with the same seq and bytes after a
+    transport error, a 5xx, 429 or ``seq_gap`` (all leave a replay or a fresh turn, ORD-3/4)."""
+
+    def __init__(self, base_url: str, key: str, timeout: float, counters: Counters) -> None:
+        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"},
+                                 timeout=httpx.Timeout(timeout, connect=10.0),
+                                 limits=httpx.Limits(max_connections=8))
+        self.counters = counters
+
+    def call(self, method: str, path: str, body: bytes | None = None, *,
+             retry: bool = True, attempts: int = 60) -> tuple[int, Any, bytes]:
+        outcomes: list[str] = []
+        for attempt in range(attempts):
+            if attempt:
+                self.counters.add(retries=1)
+                time.sleep(min(0.2, 0.01 * attempt))
+            self.counters.add(requests=1)
+            try:
+                response = self.http.request(method, API + path, content=body,
+                                             headers={"Content-Type": "application/json"})
+            except httpx.TimeoutException:
+                outcomes.append("timeout")
+                self.counters.add(timeouts=1)
+                if retry:
+                    continue
+                raise
+            except httpx.TransportError as exc:
+                outcomes.append(type(exc).__name__)
+                self.counters.add(dropped=1)
+                if retry:
+                    continue
+                raise
+            try:
+                parsed = response.json() if response.content else None
+            except ValueError:  # not JSON: never an injected fault, and not the contract
+                parsed = None
+            outcomes.append(str(response.status_code))
+            if response.status_code >= 500:
+                injected = "fault_id" in (parsed or {}).get("error", {}).get("details", {})
+                self.counters.add(injected_5xx=int(injected), unexpected_5xx=int(not injected))
+                if retry:
+                    continue
+            elif response.status_code == 409 and (parsed or {}).get("error", {}).get(
+                    "type") == "seq_gap":
+                self.counters.add(seq_gaps=1)
+                continue
+            elif response.status_code == 429:
+                time.sleep(float(response.headers.get("Retry-After", "1")))
+                continue
+            if response.headers.get("Whitney-Replayed") == "true":
+                self.counters.add(replays=1)
+            return response.status_code, parsed, response.content
+        raise SoakError(f"{method} {path}: no answer after {attempts} attempts "
+                        f"({', '.join(outcomes[:5])} ... {', '.join(outcomes[-3:])})")
+
+    def close(self) -> None:
+        self.http.close()
+
+
+VOWELS = frozenset(b"aeiou")
+
+
+def reward(tokens: list[int]) -> float:
+    """Share of lowercase vowels: cheap, and it varies within a group."""
+    return sum(t in VOWELS for t in tokens) / max(1, len(tokens))
+
+
+def advantages(rewards: list[float]) -> list[float]:
+    mean = statistics.fmean(rewards)
+    std = statistics.pstdev(rewards)
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+def rl_datum(prompt: list[int], sequence: dict[str, Any], advantage: float) -> dict[str, Any]:
+    full = prompt + sequence["tokens"]
+    n_prompt = len(prompt) - 1
+    return {"model_input": {"token_ids": full[:-1]},
+            "loss_inputs": {"target_tokens": full[1:],
+                            "logprobs": [0.0] * n_prompt + sequence["logprobs"],
+                            "advantages": [advantage] * (len(full) - 1),
+                            "mask": [0.0] * n_prompt + [1.0] * len(sequence["tokens"])}}
+
+
+@dataclass
+class ClientResult:
+    index: int
+    run_id: str = ""
+    session_id: str = ""
+    intended: list[tuple[int, str, bytes]] = field(default_factory=list)
+    answers: dict[int, bytes] = field(default_factory=dict)
+    optim_steps: int = 0
+    versions: list[int] = field(default_factory=list)
+    final_view: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def run_body(index: int) -> bytes:
+    return orjson.dumps({"base_model": MODEL, "lora": {"rank": 4, "alpha": 8.0,
+                                                       "seed": 1000 + index},
+                         "optimizer": "adamw"})
+
+
+def grpo_client(config: Config, base_url: str, index: int, counters: Counters,
+                deadline: float) -> ClientResult:
+    result = ClientResult(index)
+    client = RetryingClient(base_url, f"soak-key-{index:02d}", config.client_timeout, counters)
+    pool = ThreadPoolExecutor(max_workers=config.prompts + 1,
+                              thread_name_prefix=f"soak-client-{index}")
+    seq = itertools.count(1)
+
+    def send(primitive: str, body: dict[str, Any]) -> dict[str, Any]:
+        raw = orjson.dumps(body)
+        result.intended.append((body["seq"], primitive, raw))
+        status, parsed, content = client.call("POST", f"/runs/{result.run_id}/{primitive}", raw)
+        if status != 200:
+            raise SoakError(f"client {index} {primitive} seq {body['seq']}: {status} {parsed}")
+        result.answers[body["seq"]] = content
+        return parsed
+
+    def pipelined(*calls: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        futures = [pool.submit(send, primitive, {"seq": next(seq), **body})
+                   for primitive, body in calls]
+        return [f.result() for f in futures]
+
+    try:
+        status, session, _ = client.call("POST", "/sessions", b"{}", retry=False)
+        assert status == 201, session
+        result.session_id = session["session_id"]
+        status, run, _ = client.call("POST", f"/sessions/{result.session_id}/runs",
+                                     run_body(index), retry=False)
+        assert status == 201, run
+        result.run_id = run["run_id"]
+        for cycle in range(config.cycles):
+            if time.monotonic() > deadline:
+                break
+            prompts = PROMPTS[:config.prompts]
+            sampling = {"max_tokens": config.max_tokens, "temperature": 1.0, "top_k": 0,
+                        "top_p": 1.0}
+            answers = pipelined(
+                ("save_weights_for_sampler", {"version": cycle}),
+                *[("sample", {"version": cycle, "prompt": {"token_ids": p},
+                              "num_samples": config.group,
+                              "sampling": {**sampling, "seed": config.seed * 10_000
+                                           + index * 100 + cycle * 10 + i}})
+                  for i, p in enumerate(prompts)])
+            result.versions.append(cycle)
+            data = []
+            for prompt, sample in zip(prompts, answers[1:]):
+                rewards = [reward(s["tokens"]) for s in sample["sequences"]]
+                if max(rewards) > min(rewards):  # a uniform group carries no signal
+                    data += [rl_datum(prompt, s, a)
+                             for s, a in zip(sample["sequences"], advantages(rewards))]
+            if data:
+                pipelined(("forward_backward", {"loss_function": "importance_sampling",
+                                                "loss_config": {}, "data": data}),
+                          ("optim_step", {"adamw": ADAMW}))
+                result.optim_steps += 1
+        pipelined(("save_state", {"name": f"soak-{index}"}), ("export_lora", {}))
+        status, view, _ = client.call("POST", f"/runs/{result.run_id}/finish", b"{}")
+        result.final_view = view
+        status, _, _ = client.call("POST", f"/sessions/{result.session_id}/close", b"{}")
+        assert status == 200
+    except Exception as exc:  # noqa: BLE001 - reported, and fails the soak
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        pool.shutdown(wait=True)
+        client.close()
+    return result
+
+
+class Chaos(threading.Thread):
+    """Arms faults through the control plane: every ``fault_interval`` at most one, on a cycle
+    primitive that has none pending (so a fault never waits for a primitive no client will
+    call again), with the kind taken in turn from ``FAULTS``; each lets ``fault_skip`` (a
+    range) calls of its primitive through, then fires on the next ``fault_burst``."""
+
+    def __init__(self, base_url: str, key: str, config: Config) -> None:
+        super().__init__(name="soak-chaos", daemon=True)
+        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"},
+                                 timeout=10)
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.stop = threading.Event()
+        self.armed: dict[str, str] = {}  # fault_id -> kind name
+        self.error: str | None = None
+
+    def run(self) -> None:
+        kinds = itertools.cycle(self.config.fault_kinds)
+        delay_ms = int(self.config.client_timeout * 1500)
+        try:
+            while not self.stop.wait(self.config.fault_interval):
+                faults = self.http.get("/_mock/faults").json()["faults"]
+                busy = {f["primitive"] for f in faults if f["remaining"]}
+                free = [p for p in self.config.fault_primitives if p not in busy]
+                if not free:
+                    continue
+                kind = next(kinds)
+                # skip >= 1: the call right after a fault gets through, so when only one
+                # client is left its retries are not faulted forever (a livelock).
+                spec = {**FAULTS[kind], "primitive": self.rng.choice(free),
+                        "count": self.config.fault_burst,
+                        "skip": self.rng.randint(*self.config.fault_skip)}
+                if kind == "timeout":
+                    spec["delay_ms"] = delay_ms
+                response = self.http.post("/_mock/faults", json=spec)
+                response.raise_for_status()
+                self.armed[response.json()["fault_id"]] = kind
+        except Exception as exc:  # noqa: BLE001 - reported, and fails the soak
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def fired(self) -> dict[str, int]:
+        counts = dict.fromkeys(FAULTS, 0)
+        for fault in self.http.get("/_mock/faults").json()["faults"]:
+            counts[self.armed[fault["fault_id"]]] += fault["fired"]
+        return counts
+
+
+class Server:
+    """uvicorn on a socket bound to 127.0.0.1 (port chosen by the kernel), on a thread."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        # proto=IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when
+        # the listening socket says TCP; without it every response (headers and body are two
+        # writes) waits ~40 ms for the client's delayed ACK.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                    access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="soak-uvicorn", daemon=True)
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+class ServerLog(logging.Filter):
+    """Sorts what the mock and uvicorn log: injected drops and clients that hung up before
+    their body was read are expected here (counted, kept off stderr); any other exception or
+    error is a crash and fails the soak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.crashes: list[str] = []
+        self.expected: Counter[str] = Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        name = type(exc).__name__ if exc else ""
+        if not exc and str(record.msg).startswith("injected fault"):
+            name = "InjectedDrop"  # already rewritten by mock_server.control's own filter
+        if name in ("InjectedDrop", "ClientDisconnect"):
+            self.expected[name] += 1
+            return False
+        if exc is not None or record.levelno >= logging.ERROR:
+            self.crashes.append(f"{record.getMessage()[:200]} ({name}: {exc})")
+        return True
+
+
+def reference_answers(results: list[ClientResult], seed: int) -> dict[int, dict[int, bytes]]:
+    """Replay each client's intended bodies, in seq order, on a fresh fault-free mock."""
+    app = create_app(api_keys=("reference",), seed=seed)
+    transport = InProcessTransport(app)
+    http = httpx.Client(transport=transport, base_url="http://reference" + API,
+                        headers={"Authorization": "Bearer reference"}, timeout=60)
+    out: dict[int, dict[int, bytes]] = {}
+    try:
+        for result in results:
+            session = http.post("/sessions", content=b"{}").json()["session_id"]
+            run = http.post(f"/sessions/{session}/runs", content=run_body(result.index)).json()
+            out[result.index] = {seq: http.post(f"/runs/{run['run_id']}/{primitive}",
+                                                content=raw).content
+                                 for seq, primitive, raw in sorted(result.intended)}
+    finally:
+        http.close()
+        transport.close()
+    return out
+
+
+def comparable(raw: bytes) -> Any:
+    """A result with the server-chosen ids removed (checkpoint and export ids differ)."""
+    value = orjson.loads(raw)
+    for key in ("checkpoint_id", "export_id"):
+        value.pop(key, None)
+    return value
+
+
+def verify(results: list[ClientResult], trace: dict[str, list[dict[str, Any]]],
+           reference: dict[int, dict[int, bytes]]) -> tuple[list[str], int]:
+    """Problems found, and how many of them are mismatches (trace, answer or final view)."""
+    problems: list[str] = []
+    for r in results:
+        who = f"client {r.index}"
+        if r.error:
+            problems.append(f"{who}: {r.error}")
+            continue
+        intended = sorted((seq, primitive) for seq, primitive, _ in r.intended)
+        entries = trace.get(r.run_id, [])
+        executed = [(e["seq"], e["primitive"]) for e in entries]
+        if executed != intended or {e["status"] for e in entries} != {"completed"}:
+            problems.append(f"{who}: trace {executed} != intended {intended}")
+        for seq, raw in r.answers.items():
+            if comparable(raw) != comparable(reference[r.index][seq]):
+                problems.append(f"{who}: seq {seq} answer differs from the fault-free replay")
+        view = r.final_view
+        if (view.get("state"), view.get("step"), [v["version"] for v in view.get("versions", [])]) \
+                != ("finished", r.optim_steps, r.versions):
+            problems.append(f"{who}: final view {view}")
+    failed = sum(1 for r in results if r.error)
+    return problems, len(problems) - failed
+
+
+def cycle_empty_sessions(base_url: str, key: str, n: int) -> None:
+    with httpx.Client(base_url=base_url + API, headers={"Authorization": f"Bearer {key}"},
+                      timeout=30) as http:
+        for _ in range(n):
+            sid = http.post("/sessions", content=b"{}").json()["session_id"]
+            http.post(f"/sessions/{sid}/close", content=b"{}").raise_for_status()
+
+
+def settle(base_url: str, key: str, window: int) -> None:
+    """A fault-free client (enough cycles to turn over every bounded cache), then ``window``
+    + 1 empty sessions so that it, and anything before it, leaves the closed-session window."""
+    warm = grpo_client(Config(clients=1, cycles=5), base_url, 0, Counters(),
+                       time.monotonic() + 120)
+    if warm.error:
+        raise SoakError(f"settling client: {warm.error}")
+    cycle_empty_sessions(base_url, key, window + 1)
+
+
+def run_soak(config: Config) -> dict[str, Any]:
+    """Run the soak; returns its figures and ``problems`` (empty when everything held)."""
+    keys = [f"soak-key-{i:02d}" for i in range(config.clients)]
+    app = create_app(api_keys=keys, seed=config.seed, control_plane=True,
+                     limits={"order_wait_ms": 5000}, violations=frozenset(config.violations))
+    # The mock forgets a closed session after `closed_retention` more have closed; the soak
+    # measures memory once its sessions are gone, so a window just above the number of
+    # clients keeps that flush short. Its size changes when memory returns, not whether.
+    window = app.state.backend.closed_retention = config.clients + 16
+    server_log = ServerLog()
+    loggers = [logging.getLogger(n) for n in ("mock_server", "uvicorn.error")]
+    for logger in loggers:
+        logger.addFilter(server_log)
+    figures: dict[str, Any] = {"config": asdict(config)}
+    problems: list[str] = []
+    mib = 1024 * 1024
+    started = time.monotonic()
+    try:
+        with Server(app) as server:
+            # Bring the process to a steady state, traced, so that the end can return to the
+            # same one: a fault-free client warms every cache on the path (base model,
+            # safetensors, pydantic, connections, the model's bounded cache of compiled
+            # adapters), then empty sessions push it out of the closed-session window. The
+            # end repeats exactly this, so baseline and residual count the same things.
+            settle(server.url, keys[0], window)
+            phases = {"warm_up": time.monotonic() - started}
+            tracemalloc.start()
+            settle(server.url, keys[0], window)
+            gc.collect()
+            baseline = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            phases["baseline"] = time.monotonic() - started - sum(phases.values())
+
+            counters = Counters()
+            chaos = Chaos(server.url, keys[0], config)
+            chaos.start()
+            deadline = time.monotonic() + config.seconds
+            with ThreadPoolExecutor(max_workers=config.clients) as pool:
+                results = list(pool.map(
+                    lambda i: grpo_client(config, server.url, i, counters, deadline),
+                    range(config.clients)))
+            phases["clients"] = time.monotonic() - started - sum(phases.values())
+            chaos.stop.set()
+            chaos.join(timeout=30)
+            fired = chaos.fired()
+            chaos.http.delete("/_mock/faults")
+            chaos.http.close()
+            if "timeout" in config.fault_kinds:  # delayed originals land (as replays)
+                time.sleep(config.client_timeout * 2)
+            with httpx.Client(base_url=server.url, timeout=30,
+                              headers={"Authorization": f"Bearer {keys[0]}"}) as http:
+                trace = http.get("/_mock/trace").json()["runs"]
+            peak = tracemalloc.get_traced_memory()[1] - baseline
+
+            phases["settle"] = time.monotonic() - started - sum(phases.values())
+            reference = reference_answers(results, config.seed)
+            problems, mismatches = verify(results, trace, reference)
+            figures.update({
+                "clients": config.clients,
+                "cycles_completed": sum(len(r.versions) for r in results),
+                "primitives": sum(len(r.intended) for r in results), "faults_fired": fired,
+                "faults_total": sum(fired.values()), **counters.as_dict(),
+                "mismatches": mismatches, "failed_clients": sum(1 for r in results if r.error),
+            })
+            phases["verify"] = time.monotonic() - started - sum(phases.values())
+            # Drop what this process kept for checking (bodies, answers, the replay): what is
+            # left is what the mock keeps for the closed sessions (ORD-3 records, until they
+            # leave the closed-session window). Push them out, and measure again.
+            del results, reference, trace
+            gc.collect()
+            after_close = tracemalloc.get_traced_memory()[0] - baseline
+            settle(server.url, keys[0], window)
+            gc.collect()
+            residual = tracemalloc.get_traced_memory()[0] - baseline
+            tracemalloc.stop()
+            phases["flush"] = time.monotonic() - started - sum(phases.values())
+    finally:
+        for logger in loggers:
+            logger.removeFilter(server_log)
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    if chaos.error:
+        problems.append(f"chaos thread: {chaos.error}")
+    if counters.unexpected_5xx:
+        problems.append(f"{counters.unexpected_5xx} 5xx answers that were not injected")
+    problems += [f"server logged: {c}" for c in server_log.crashes]
+    # What stays is bounded caches (urllib/re/httpx URL caches, numpy, thread bookkeeping,
+    # ~0.2 MiB whatever the soak's length); the soak's sessions alone weigh several MiB.
+    if residual > max(mib // 2, peak // 100):
+        problems.append(f"memory not back to baseline: {residual / mib:.2f} MiB still traced")
+    figures.update({
+        "peak_traced_mib": round(peak / mib, 2), "after_close_mib": round(after_close / mib, 2),
+        "residual_mib": round(residual / mib, 3), "seconds": round(time.monotonic() - started, 1),
+        "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
+        "expected_server_logs": dict(server_log.expected), "problems": problems,
+    })
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = Config()
+    parser.add_argument("--clients", type=int, default=defaults.clients)
+    parser.add_argument("--cycles", type=int, default=defaults.cycles, help="per client")
+    parser.add_argument("--seconds", type=float, default=defaults.seconds,
+                        help="no new cycle starts after this")
+    parser.add_argument("--client-timeout", type=float, default=defaults.client_timeout,
+                        help="read timeout; injected latency is 1.5x this")
+    parser.add_argument("--fault-interval", type=float, default=defaults.fault_interval,
+                        help="seconds between two armed faults (one pending per primitive)")
+    parser.add_argument("--fault-burst", type=int, default=defaults.fault_burst,
+                        help="how many consecutive matching calls one armed fault hits")
+    parser.add_argument("--faults", default=",".join(defaults.fault_kinds),
+                        help=f"fault kinds to inject, from {','.join(FAULTS)}")
+    parser.add_argument("--fault-primitives", default=",".join(defaults.fault_primitives),
+                        help="primitives the faults target")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    config = Config(clients=args.clients, cycles=args.cycles, seconds=args.seconds,
+                    client_timeout=args.client_timeout, fault_interval=args.fault_interval,
+                    fault_burst=args.fault_burst, seed=args.seed,
+                    fault_kinds=tuple(k for k in args.faults.split(",") if k),
+                    fault_primitives=tuple(p for p in args.fault_primitives.split(",") if p))
+    unknown = set(config.fault_kinds) - set(FAULTS)
+    if unknown or not config.fault_kinds:
+        parser.error(f"--faults: unknown kind(s) {sorted(unknown)}; known: {list(FAULTS)}")
+    figures = run_soak(config)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        for key, value in figures.items():
+            if key not in ("config", "problems"):
+                print(f"{key:>18}: {value}")
+        for problem in figures["problems"]:
+            print(f"PROBLEM: {problem}", file=sys.stderr)
+        print("OK" if not figures["problems"] else "FAILED")
+    return 0 if not figures["problems"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
