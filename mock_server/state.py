@@ -205,6 +205,7 @@ class Backend:
                 if run.state not in TERMINAL and "expiry_keeps_runs" not in self.violations:
                     self._fail_held(run, "run_cancelled", "the session expired")
                     run.state = "cancelled"
+                    self._cancelling.pop(run_id, None)
             self._retire(session)
         for run_id in [rid for rid, at in self._cancelling.items() if now >= at]:
             self._settle(self.runs[run_id], now)
@@ -227,6 +228,7 @@ class Backend:
             old = self.sessions.pop(self._closed.popleft())
             for run_id in old.run_ids:
                 self.runs.pop(run_id, None)
+                self._cancelling.pop(run_id, None)
             for checkpoint_id in [c for c, (sid, _) in self.checkpoints.items()
                                   if sid == old.session_id]:
                 del self.checkpoints[checkpoint_id]
@@ -375,6 +377,7 @@ class Backend:
         if run.state not in TERMINAL:
             self._fail_held(run, "run_not_active", reason)
             run.state = "failed"
+            self._cancelling.pop(run_id, None)
 
     def _fail_held(self, run: Run, error_type: str, message: str) -> None:
         held, run.held = run.held, {}

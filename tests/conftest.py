@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
+import hypothesis_profiles  # noqa: F401  (fast = CI default, derandomised; HYPOTHESIS_PROFILE=thorough)
 from mock_server import InProcessTransport, create_app
 
 API = "/v1/training"
