@@ -21,7 +21,8 @@ from . import schemas
 from .errors import Conflict, NotFound, ValidationFailed
 
 if TYPE_CHECKING:
-    from .state import Backend, Run
+    from .records import Run
+    from .state import Backend
 
 Thunk = Callable[[], dict[str, Any]]
 

@@ -13,8 +13,6 @@ import hmac
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -25,89 +23,10 @@ from . import schemas
 from . import violations as _violations
 from .errors import Conflict, NotFound, Unauthorized, ValidationFailed, WhitneyError
 from .limits import Features, Limits
-from .primitives import PREPARERS, Checkpoint, Export, Thunk, Version
+from .primitives import PREPARERS, Checkpoint, Thunk
+from .records import CONTRACT_VERSION, TERMINAL, Held, Operation, Outcome, Run, Session, iso
 
 logger = logging.getLogger("mock_server")
-
-TERMINAL = frozenset({"finished", "cancelled", "failed"})
-CONTRACT_VERSION = "1.0"
-
-
-@dataclass
-class Operation:
-    """A recorded primitive (ORD-4): its outcome is kept as JSON bytes for replays (ORD-3)."""
-
-    seq: int
-    primitive: str
-    digest: bytes
-    status: int
-    payload: bytes  # the response body: the result, or the ERR-1 envelope
-
-    @property
-    def ok(self) -> bool:
-        return self.status < 400
-
-
-@dataclass
-class Outcome:
-    status: int
-    payload: bytes
-    replayed: bool = False
-
-
-@dataclass
-class Held:
-    primitive: str
-    digest: bytes
-    thunk: Thunk
-    future: asyncio.Future[Operation]
-
-
-@dataclass
-class Session:
-    session_id: str
-    key: str
-    created_at: float
-    ttl_seconds: int | None
-    expires_at: float | None
-    metadata: dict[str, str]
-    state: str = "open"
-    run_ids: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Run:
-    run_id: str
-    session_id: str
-    key: str
-    base_model: str
-    base: nm.BaseModel
-    lora: nm.Lora
-    optimizer: nm.AdamWState
-    created_at: float
-    step: int = 0
-    grads: dict[str, np.ndarray] | None = None
-    versions: dict[int, Version] = field(default_factory=dict)
-    exports: dict[str, Export] = field(default_factory=dict)
-    state: str = "active"
-    next_seq: int = 1
-    ops: dict[int, Operation] = field(default_factory=dict)
-    held: dict[int, Held] = field(default_factory=dict)
-    cancel_at: float | None = None
-
-    def accumulate(self, grads: dict[str, np.ndarray]) -> None:
-        """GRAD-1: forward_backward adds to the buffer; optim_step empties it."""
-        if self.grads is None:
-            self.grads = {name: g.copy() for name, g in grads.items()}
-        else:
-            for name, g in grads.items():
-                self.grads[name] += g
-
-
-def _iso(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 class Backend:
@@ -144,7 +63,7 @@ class Backend:
 
     # -- helpers used by primitives -------------------------------------------------------
     def now_iso(self) -> str:
-        return _iso(self.clock())  # type: ignore[return-value]
+        return iso(self.clock())  # type: ignore[return-value]
 
     def new_id(self, prefix: str) -> str:
         self._counter += 1
@@ -244,7 +163,7 @@ class Backend:
 
     def session_view(self, session: Session) -> dict[str, Any]:
         return {"session_id": session.session_id, "state": session.state,
-                "created_at": _iso(session.created_at), "expires_at": _iso(session.expires_at),
+                "created_at": iso(session.created_at), "expires_at": iso(session.expires_at),
                 "metadata": session.metadata
                 if "session_metadata_dropped" not in self.violations else {}}
 
@@ -315,7 +234,7 @@ class Backend:
                 "next_seq": run.next_seq, "step": run.step,
                 "versions": [{"version": v.version, "step": v.step, "created_at": v.created_at}
                              for v in run.versions.values()],
-                "created_at": _iso(run.created_at)}
+                "created_at": iso(run.created_at)}
 
     def create_run(self, *, key: str, session_id: str, body: schemas.CreateRun) -> dict[str, Any]:
         """LIFE-5."""

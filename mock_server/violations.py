@@ -21,7 +21,8 @@ from pydantic import BaseModel
 from .errors import WhitneyError
 
 if TYPE_CHECKING:
-    from .state import Backend, Run
+    from .records import Run
+    from .state import Backend
 
 VIOLATIONS: dict[str, str] = {
     "replay_reexecutes":
