@@ -29,7 +29,7 @@ import string
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, ParamSpec, Sequence, TypeVar
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -159,9 +159,11 @@ def _prior_bias() -> np.ndarray:
 
 
 _BLAS = ThreadpoolController()
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _one_blas_thread(method):  # type: ignore[no-untyped-def]
+def _one_blas_thread(method: Callable[P, R]) -> Callable[P, R]:
     """Run ``method`` with single-threaded BLAS.
 
     The matrices here are small: a second OpenBLAS thread gains little when idle, and on a
@@ -170,7 +172,7 @@ def _one_blas_thread(method):  # type: ignore[no-untyped-def]
     """
 
     @functools.wraps(method)
-    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         with _BLAS.limit(limits=1, user_api="blas"):
             return method(*args, **kwargs)
 

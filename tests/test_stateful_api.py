@@ -5,11 +5,12 @@ refused bodies), version saves (VER-1), replays of earlier seqs with the same or
 (ORD-3), gaps (ORD-2), pipelined and interrupted held requests, cancels with polling (LIFE-7),
 finishes, server-side failures, TTL expiry (LIFE-4), heartbeats, closes (LIFE-3) and the
 closed-session retention window, beside a plain-dict model of what the contract says must
-happen (``Model``). After every step the invariants compare server and model: run and session
-views (state, ``next_seq``, ``step``, versions), the executed trace (``/_mock/trace``: every seq
-once, in order, with the model's primitive and status), the training state ERR-3 protects
-(weights, gradient buffer, AdamW step count, version snapshots), terminal states that never
-change (LIFE-8), and no 5xx ever.
+happen (``Model``; it and the body strategies live in ``stateful_contract_model``). After every
+step the invariants compare server and model: run and session views (state, ``next_seq``,
+``step``, versions), the executed trace (``/_mock/trace``: every seq once, in order, with the
+model's primitive and status), the training state ERR-3 protects (weights, gradient buffer,
+AdamW step count, version snapshots), terminal states that never change (LIFE-8), and no 5xx
+ever.
 
 Time is a fake clock (``create_app(clock=...)``) for TTL and ``cancelling``. ORD-2 holds use
 real time: a gap waits ``ORDER_WAIT_MS`` (short: each gap costs it), while a request held on
@@ -23,256 +24,29 @@ tests/test_expiry_memory.py): a retired session's runs list no versions, and a s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import numpy as np
 from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, invariant, multiple,
                                  precondition, rule)
 
-from conftest import ADAMW, API, BOS, EOS, KEY, MODEL, FakeClock, expect_error
+from conftest import API, KEY, MODEL, FakeClock, expect_error
 from hypothesis_profiles import examples, steps
 from mock_server import InProcessTransport, create_app
+from stateful_contract_model import (PRIMITIVES, TERMINAL, WITH_TOKENS, MCheckpoint, Model, MRun,
+                                     MSession, Op, body_st, canon, digest, expect_submission,
+                                     spoil)
 
 ORDER_WAIT_MS = 10  # a gap costs this much real time; holds on purpose use HOLD_MS
 HOLD_MS = 10_000
 CANCEL_DELAY_MS = 50
 RETENTION = 2  # closed sessions remembered (Backend.closed_retention); small, so it is reached
 LIMITS = {"max_sessions": 3, "max_runs_per_session": 2, "max_versions_per_run": 3}
-TERMINAL = {"finished", "cancelled", "failed"}
-PRIMITIVES = ["forward", "forward_backward", "optim_step", "save_weights_for_sampler", "sample",
-              "logprobs", "save_state", "load_state", "export_lora"]
-WITH_TOKENS = {"forward", "forward_backward", "sample", "logprobs"}
-
-
-def digest(arrays: dict[str, np.ndarray] | None) -> str | None:
-    if arrays is None:
-        return None
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(arrays[name]).tobytes())
-    return h.hexdigest()
-
-
-def canon(primitive: str, body: dict[str, Any]) -> str:
-    """ORD-3's JSON equality: key order and whitespace ignored, 1 and 1.0 differ."""
-    return primitive + json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
-# -- request bodies --------------------------------------------------------------------------
-TOKENS = st.sampled_from([BOS, EOS, 32, 97, 101, 104, 116])
-LOSSES = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
-CONFIGS = {"ppo": {"clip_low_threshold": 0.7, "clip_high_threshold": 1.3},
-           "cispo": {"clip_low_threshold": 0.7, "clip_high_threshold": 1.3}, "dro": {"beta": 0.1}}
-
-
-@st.composite
-def datum_st(draw: Any, loss: str) -> dict[str, Any]:
-    n = draw(st.integers(1, 3))
-
-    def values(options: list[float]) -> st.SearchStrategy[list[float]]:
-        return st.lists(st.sampled_from(options), min_size=n, max_size=n)
-
-    inputs: dict[str, Any] = {"target_tokens": draw(st.lists(TOKENS, min_size=n, max_size=n))}
-    if loss == "cross_entropy":
-        if draw(st.booleans()):
-            inputs["weights"] = draw(values([0.0, 0.5, 1.0, 2.0]))
-    else:
-        inputs["logprobs"] = draw(values([-3.0, -1.5, -0.25]))
-        inputs["advantages"] = draw(values([-1.0, -0.5, 0.0, 0.5, 1.0]))
-        if draw(st.booleans()):
-            inputs["mask"] = draw(values([0.0, 1.0]))
-    return {"model_input": {"token_ids": draw(st.lists(TOKENS, min_size=n, max_size=n))},
-            "loss_inputs": inputs}
-
-
-@st.composite
-def body_st(draw: Any, primitive: str, checkpoint_ids: list[str]) -> dict[str, Any]:
-    """A valid body (without ``seq``) from small value sets, so a regenerated body is sometimes
-    JSON-equal to a recorded one (ORD-3 must then replay, not conflict)."""
-    if primitive in ("forward", "forward_backward"):
-        loss = draw(st.sampled_from(LOSSES))
-        config = CONFIGS.get(loss, {}) if draw(st.booleans()) else {}
-        return {"loss_function": loss, "loss_config": config,
-                "data": draw(st.lists(datum_st(loss), min_size=1, max_size=2))}
-    if primitive == "optim_step":
-        return {"adamw": {**ADAMW, "learning_rate": draw(st.sampled_from([0.01, 0.001])),
-                          "grad_clip_norm": draw(st.sampled_from([0.0, 1.0]))}}
-    if primitive == "save_weights_for_sampler":
-        return {"version": draw(st.integers(0, 6))}
-    if primitive == "sample":
-        return {"version": draw(st.integers(0, 6)),
-                "prompt": {"token_ids": draw(st.lists(TOKENS, min_size=1, max_size=3))},
-                "num_samples": draw(st.integers(1, 2)),
-                "sampling": {"max_tokens": draw(st.integers(1, 3)),
-                             "temperature": draw(st.sampled_from([1.0, 0.7])),
-                             "top_k": draw(st.sampled_from([0, 5])),
-                             "top_p": draw(st.sampled_from([1.0, 0.9])),
-                             "seed": draw(st.integers(0, 3))}}
-    if primitive == "logprobs":
-        return {"version": draw(st.integers(0, 6)),
-                "token_ids": draw(st.lists(TOKENS, min_size=1, max_size=4))}
-    if primitive == "save_state":
-        return {"name": draw(st.sampled_from(["a", "b"]))}
-    if primitive == "load_state":
-        return {"checkpoint_id": draw(st.sampled_from(checkpoint_ids + ["ckpt_unknown"])),
-                "with_optimizer": draw(st.booleans())}
-    return {}  # export_lora
-
-
-def spoil(primitive: str, body: dict[str, Any], kind: str) -> dict[str, Any]:
-    """``schema``: an undefined field (ERR-4, refused before the seq is looked at); ``value``: a
-    token outside the vocabulary (422 at submission: after ORD-3's lookup, before its turn)."""
-    bad = json.loads(json.dumps(body))
-    if kind == "schema":
-        return {**bad, "grad_clip": 1.0}
-    if primitive in ("forward", "forward_backward"):
-        bad["data"][0]["model_input"]["token_ids"][0] = 258
-    elif primitive == "sample":
-        bad["prompt"]["token_ids"][0] = 258
-    else:
-        bad["token_ids"][0] = 258
-    return bad
-
-
-# -- the model --------------------------------------------------------------------------------
-@dataclass
-class Op:
-    primitive: str
-    body: dict[str, Any]  # without seq
-    status: int
-    content: bytes  # the response body, replayed byte for byte (ORD-3)
-    canon: str = ""
-
-
-@dataclass
-class MRun:
-    run_id: str
-    session_id: str
-    rank: int
-    weights: str
-    state: str = "active"
-    next_seq: int = 1
-    step: int = 0
-    versions: dict[int, tuple[int, str]] = field(default_factory=dict)  # version -> (step, weights)
-    grads: str | None = None
-    opt_t: int = 0
-    cancel_at: float | None = None
-    ops: dict[int, Op] = field(default_factory=dict)
-    retired: bool = False
-    forgotten: bool = False
-
-
-@dataclass
-class MSession:
-    session_id: str
-    ttl: int | None
-    expires_at: float | None
-    state: str = "open"
-    run_ids: list[str] = field(default_factory=list)
-    forgotten: bool = False
-
-
-@dataclass
-class MCheckpoint:
-    session_id: str
-    rank: int
-    step: int
-    weights: str
-    opt_t: int
-
-
-class Model:
-    """What the contract (and the mock's documented choices) say the server must hold."""
-
-    def __init__(self, retention: int) -> None:
-        self.sessions: dict[str, MSession] = {}
-        self.runs: dict[str, MRun] = {}
-        self.checkpoints: dict[str, MCheckpoint] = {}
-        self.closed: list[str] = []  # retired sessions, oldest first
-        self.retention = retention
-
-    def retire(self, session: MSession) -> None:
-        """LIFE-3/LIFE-4 retirement: versions are dropped from the view; after ``retention``
-        later retirements the session, its runs and checkpoints are forgotten (404)."""
-        for run_id in session.run_ids:
-            self.runs[run_id].retired = True
-        self.closed.append(session.session_id)
-        while len(self.closed) > self.retention:
-            old = self.sessions[self.closed.pop(0)]
-            old.forgotten = True
-            event("a session left the retention window")
-            for run_id in old.run_ids:
-                self.runs[run_id].forgotten = True
-            for checkpoint_id in [c for c, ck in self.checkpoints.items()
-                                  if ck.session_id == old.session_id]:
-                del self.checkpoints[checkpoint_id]
-
-    def tick(self, now: float) -> None:
-        """What time does: TTL expiry (LIFE-4) first, then ends of ``cancelling`` (LIFE-7)."""
-        expiring = [s for s in self.sessions.values()  # creation order, as the server sweeps
-                    if s.state == "open" and s.expires_at is not None and now >= s.expires_at]
-        for session in expiring:
-            if any(self.runs[r].state == "cancelling" for r in session.run_ids):
-                self.expose_bug_1()  # before the retirements below
-        for session in expiring:
-            session.state = "expired"
-            event("a session expired")
-            for run_id in session.run_ids:
-                run = self.runs[run_id]
-                if run.state not in TERMINAL:
-                    run.state = "cancelled"
-            self.retire(session)
-        for run in self.runs.values():
-            if run.state == "cancelling" and now >= run.cancel_at:
-                run.state = "cancelled"
-
-    def expose_bug_1(self) -> None:
-        """A run leaves ``cancelling`` other than by its delay: the path of BUG-1 (fixed, see
-        tests/test_regressions.py); counted so the statistics show it is still exercised."""
-        event("BUG-1 exposed")
-
-    def open_sessions(self) -> int:
-        return sum(1 for s in self.sessions.values() if s.state == "open")
-
-
-@dataclass
-class Expected:
-    """The outcome the contract allows for one primitive request."""
-
-    kind: str  # "execute" | "replay" | "error" | "gap"
-    status: int = 200
-    error_type: str | None = None
-    op: Op | None = None
-
-
-def expect_submission(run: MRun, seq: int, primitive: str, body: dict, bad: str | None
-                      ) -> Expected:
-    """Endpoint order: 404 unknown run; 422 schema; ORD-3 lookup; LIFE-8; 422 value; ORD-1/2."""
-    if run.forgotten:
-        return Expected("error", 404, "not_found")
-    if bad == "schema":
-        return Expected("error", 422, "unknown_field")
-    recorded = run.ops.get(seq)
-    if recorded is not None:
-        if recorded.canon == canon(primitive, {"seq": seq, **body}):
-            return Expected("replay", recorded.status, op=recorded)
-        return Expected("error", 409, "seq_conflict")
-    if run.state != "active":
-        return Expected("error", 409, "run_not_active")
-    if bad == "value":
-        return Expected("error", 422)
-    if seq > run.next_seq:
-        return Expected("gap", 409, "seq_gap")
-    return Expected("execute")
 
 
 # -- the machine ------------------------------------------------------------------------------
