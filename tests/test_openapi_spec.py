@@ -1,97 +1,25 @@
-"""Static checks of ``openapi.yaml`` against the prose contract (``whitney-contract.md``).
+"""Static checks of ``openapi.yaml`` against the prose contract (``whitney-contract.md``): the
+document itself, its responses, its request bodies, its examples and DISC-1's capabilities.
 
 The references are independent of the YAML: the contract text (rule ids, error names, the
-DISC-1 field lists), the section 4a ranges typed out below, and JSON Schema 2020-12 semantics
-(``jsonschema``) applied to hand-built bodies. No server is involved.
+DISC-1 field lists) and JSON Schema 2020-12 semantics (``jsonschema``) applied to the document's
+examples and hand-built bodies. No server is involved. The section 4a ranges and the shapes of
+single schemas are in ``test_openapi_ranges.py``; the shared fixtures in ``openapi_support.py``.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import pytest
-import yaml
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate as validate_openapi
 from referencing import Registry
-from referencing.jsonschema import DRAFT202012
 
-ROOT = Path(__file__).resolve().parents[1]
-SPEC_PATH = ROOT / "openapi.yaml"
-CONTRACT_CANDIDATES = [
-    Path(os.environ["WHITNEY_CONTRACT"]) if os.environ.get("WHITNEY_CONTRACT") else None,
-    ROOT / "docs" / "whitney-contract.md",
-    Path("/work/shared/whitney-contract.md"),
-]
-BASE_URI = "urn:whitney:openapi"
-PRIMITIVES = ["forward", "forward_backward", "optim_step", "save_weights_for_sampler", "sample",
-              "logprobs", "save_state", "load_state", "export_lora"]
-METHODS = {"get", "post", "put", "patch", "delete", "head", "options", "trace"}
-Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-# ----------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def spec_text() -> str:
-    return SPEC_PATH.read_text(encoding="utf-8")
-
-
-@pytest.fixture(scope="module")
-def spec(spec_text: str) -> dict[str, Any]:
-    return yaml.load(spec_text, Loader=Loader)
-
-
-@pytest.fixture(scope="module")
-def contract() -> str:
-    for path in CONTRACT_CANDIDATES:
-        if path is not None and path.is_file():
-            return path.read_text(encoding="utf-8")
-    pytest.skip("whitney-contract.md not found (set WHITNEY_CONTRACT)")
-
-
-@pytest.fixture(scope="module")
-def registry(spec: dict[str, Any]) -> Registry:
-    return Registry().with_resource(BASE_URI, DRAFT202012.create_resource(spec))
-
-
-def pointer(*parts: Any) -> str:
-    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in parts)
-
-
-def validator_at(registry: Registry, json_pointer: str) -> Draft202012Validator:
-    """A 2020-12 validator for the schema at ``json_pointer`` inside the spec (refs resolved)."""
-    ref = {"$ref": f"{BASE_URI}#{quote(json_pointer, safe='/~')}"}
-    return Draft202012Validator(ref, registry=registry,
-                                format_checker=Draft202012Validator.FORMAT_CHECKER)
-
-
-def resolve(spec: dict[str, Any], node: Any) -> Any:
-    while isinstance(node, dict) and "$ref" in node:
-        assert node["$ref"].startswith("#/"), node["$ref"]
-        target: Any = spec
-        for part in node["$ref"][2:].split("/"):
-            target = target[part.replace("~1", "/").replace("~0", "~")]
-        node = target
-    return node
-
-
-def operations(spec: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    for path, item in spec["paths"].items():
-        for method, op in item.items():
-            if method in METHODS:
-                yield path, method, op
-
-
-def responses(spec: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any]]]:
-    for path, method, op in operations(spec):
-        for status, response in op["responses"].items():
-            yield path, method, status, resolve(spec, response)
+from openapi_support import (PRIMITIVES, contract, operations, pointer, registry,  # noqa: F401
+                             resolve, responses, spec, spec_text, validator_at)
 
 
 # ----------------------------------------------------------------------------------- the document
@@ -330,172 +258,6 @@ def test_every_example_validates_against_its_schema(spec: dict[str, Any],
     for primitive in PRIMITIVES:  # a worked request and response per primitive
         path = f"/v1/training/runs/{{run_id}}/{primitive}"
         assert {f"{path} requestBody", f"{path} 200"} <= labelled, primitive
-
-
-# ------------------------------------------------------------ schemas behave as the contract says
-def body_validator(registry: Registry, path: str) -> Draft202012Validator:
-    return validator_at(registry, pointer("paths", path, "post", "requestBody", "content",
-                                          "application/json", "schema"))
-
-
-def example_body(spec: dict[str, Any], path: str) -> dict[str, Any]:
-    media = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
-    return copy.deepcopy(next(iter(media["examples"].values()))["value"])
-
-
-def with_value(body: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
-    body = copy.deepcopy(body)
-    *parents, leaf = dotted.split(".")
-    node = body
-    for part in parents:
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    if value is DELETE:
-        del node[leaf]
-    else:
-        node[leaf] = value
-    return body
-
-
-DELETE = object()
-R = "/v1/training/runs/{run_id}/"
-# (path, dotted field, value, accepted?) from section 4 / 4a of the contract.
-RANGE_CASES = [
-    (R + "sample", "sampling.top_p", 0, False), (R + "sample", "sampling.top_p", 1.0, True),
-    (R + "sample", "sampling.top_p", 1.001, False),
-    (R + "sample", "sampling.temperature", 0, False),
-    (R + "sample", "sampling.temperature", 100, True),
-    (R + "sample", "sampling.temperature", 100.01, False),
-    (R + "sample", "sampling.top_k", -1, False), (R + "sample", "sampling.top_k", 0, True),
-    (R + "sample", "sampling.max_tokens", 0, False),
-    (R + "sample", "sampling.max_tokens", 1, True),
-    (R + "sample", "sampling.stop_token_ids", [], True),
-    (R + "sample", "sampling.seed", DELETE, True),
-    (R + "sample", "sampling.top_k", DELETE, False),
-    (R + "sample", "num_samples", 0, False), (R + "sample", "num_samples", 1, True),
-    (R + "sample", "version", -1, False), (R + "sample", "version", 0, True),
-    (R + "sample", "prompt.token_ids", [-1], False),
-    (R + "optim_step", "adamw.beta1", 1, False), (R + "optim_step", "adamw.beta1", 0, True),
-    (R + "optim_step", "adamw.beta2", 1.0, False),
-    (R + "optim_step", "adamw.beta2", 0.9999, True),
-    (R + "optim_step", "adamw.eps", 0, False), (R + "optim_step", "adamw.eps", 1e-12, True),
-    (R + "optim_step", "adamw.learning_rate", -0.001, False),
-    (R + "optim_step", "adamw.learning_rate", 0, True),
-    (R + "optim_step", "adamw.weight_decay", -1, False),
-    (R + "optim_step", "adamw.grad_clip_norm", 0, True),  # OPT-3: 0 means off
-    (R + "optim_step", "adamw.grad_clip_norm", -1, False),
-    (R + "optim_step", "adamw.grad_clip", 1.0, False),  # ERR-4
-    (R + "optim_step", "seq", 0, False), (R + "optim_step", "seq", 1, True),
-    (R + "optim_step", "seq", 1.5, False), (R + "optim_step", "seq", "1", False),
-    (R + "optim_step", "seq", True, False),
-    (R + "save_weights_for_sampler", "version", -1, False),
-    (R + "forward_backward", "loss_config", {}, True),
-    (R + "forward_backward", "loss_config", DELETE, False),
-    (R + "forward_backward", "loss_config", {"beta": "0.1"}, False),
-    (R + "forward_backward", "data", [], False),
-    (R + "forward_backward", "data.0.loss_inputs.mask", ["1"], False),
-    (R + "forward_backward", "data.0.model_input.token_ids", [256, 1.5], False),
-    (R + "forward_backward", "data.0.extra", {}, False),
-    (R + "load_state", "with_optimizer", DELETE, False),
-    (R + "load_state", "with_optimizer", 1, False),
-    ("/v1/training/sessions/{session_id}/runs", "lora.rank", 0, False),
-    ("/v1/training/sessions/{session_id}/runs", "lora.alpha", 0, False),
-    ("/v1/training/sessions/{session_id}/runs", "lora.seed", DELETE, True),
-    ("/v1/training/sessions/{session_id}/runs", "optimizer", "sgd", False),
-    ("/v1/training/sessions/{session_id}/runs", "optimizer", DELETE, False),
-    ("/v1/training/sessions", "ttl_seconds", 1.5, False),
-    ("/v1/training/sessions", "ttl_seconds", 1, True),
-    ("/v1/training/sessions", "metadata", {"k": 1}, False),
-]
-
-
-@pytest.mark.parametrize("field", ["learning_rate", "beta1", "beta2", "eps", "weight_decay",
-                                   "grad_clip_norm"])
-def test_opt_1_every_adamw_field_is_required(spec: dict[str, Any], registry: Registry,
-                                             field: str) -> None:
-    path = R + "optim_step"
-    validator = body_validator(registry, path)
-    body = example_body(spec, path)
-    assert validator.is_valid(body)
-    assert not validator.is_valid(with_value(body, f"adamw.{field}", DELETE))
-
-
-def test_request_ranges_follow_section_4a(spec: dict[str, Any], registry: Registry) -> None:
-    wrong = []
-    for path, field, value, accepted in RANGE_CASES:
-        validator = body_validator(registry, path)
-        body = example_body(spec, path)
-        assert validator.is_valid(body), path
-        if validator.is_valid(with_value(body, field, value)) != accepted:
-            wrong.append((path.rsplit("/", 1)[-1], field, value, accepted))
-    assert wrong == []
-
-
-def test_empty_bodies_accept_only_the_empty_object(registry: Registry) -> None:
-    validator = body_validator(registry, "/v1/training/runs/{run_id}/cancel")
-    assert validator.is_valid({})
-    assert not validator.is_valid({"force": True})  # ERR-4
-    assert not validator.is_valid([])
-
-
-def test_operation_record_pairs_result_with_its_primitive(spec: dict[str, Any],
-                                                          registry: Registry) -> None:
-    """ORD-5: completed -> the primitive's own result; failed -> the inner error object."""
-    validator = validator_at(registry, "/components/schemas/OperationRecord")
-    step = {"step": 1, "grad_norm": 0.5, "update_norm": 0.01}
-    error = {"type": "no_gradients", "message": "m", "details": {}}
-    assert validator.is_valid({"seq": 4, "primitive": "optim_step", "status": "completed",
-                               "result": step})
-    assert validator.is_valid({"seq": 4, "primitive": "optim_step", "status": "failed",
-                               "error": error})
-    assert not validator.is_valid({"seq": 4, "primitive": "sample", "status": "completed",
-                                   "result": step})
-    assert not validator.is_valid({"seq": 4, "primitive": "optim_step", "status": "completed",
-                                   "result": step, "error": error})
-    assert not validator.is_valid({"seq": 4, "primitive": "optim_step", "status": "failed",
-                                   "result": step})
-    # save_state and load_state results share a shape; the primitive disambiguates
-    ckpt = {"checkpoint_id": "c", "step": 0}
-    assert validator.is_valid({"seq": 1, "primitive": "load_state", "status": "completed",
-                               "result": ckpt})
-
-
-def test_error_envelope_details_by_type(registry: Registry) -> None:
-    """ERR-1 shape; the lead's details conventions for validation_error, seq_gap (ORD-2) ..."""
-    validator = validator_at(registry, "/components/schemas/Error")
-
-    def env(type_: str, details: dict[str, Any]) -> dict[str, Any]:
-        return {"error": {"type": type_, "message": "m", "details": details}}
-
-    assert validator.is_valid(env("run_not_active", {}))
-    assert validator.is_valid(env("seq_gap", {"expected_seq": 3}))
-    assert not validator.is_valid(env("seq_gap", {}))
-    assert validator.is_valid(env("validation_error",
-                                  {"errors": [{"loc": ["adamw", "eps"], "msg": "> 0"}]}))
-    assert not validator.is_valid(env("validation_error", {"loc": "adamw.eps"}))
-    assert validator.is_valid(env("unknown_field", {"fields": ["adamw.grad_clip"]}))
-    assert not validator.is_valid(env("limit_exceeded", {}))
-    assert not validator.is_valid({"error": {"type": "x", "message": "m"}})
-    assert not validator.is_valid({"error": {"type": "x", "message": "m", "details": {}},
-                                   "status": 409})
-
-
-def test_logprobs_result_only_the_first_entry_is_null(registry: Registry) -> None:
-    validator = validator_at(registry, "/components/schemas/LogprobsResult")
-    assert validator.is_valid({"version": 0, "step": 0, "logprobs": [None, -1.5, -0.2]})
-    assert validator.is_valid({"version": 0, "step": 0, "logprobs": [None]})
-    assert not validator.is_valid({"version": 0, "step": 0, "logprobs": [None, None]})
-    assert not validator.is_valid({"version": 0, "step": 0, "logprobs": [-1.0, -2.0]})
-
-
-def test_session_view_expires_at_is_nullable(registry: Registry) -> None:
-    """LIFE-1: ``expires_at`` is null without TTL; the view has exactly the contract's fields."""
-    validator = validator_at(registry, "/components/schemas/Session")
-    view = {"session_id": "s", "state": "open", "created_at": "2025-06-01T12:00:00Z",
-            "expires_at": None, "metadata": {}}
-    assert validator.is_valid(view)
-    assert not validator.is_valid({**view, "expires_at": "soon"})
-    assert not validator.is_valid({**view, "ttl_seconds": 60})
-    assert not validator.is_valid({**view, "state": "active"})
 
 
 # ----------------------------------------------------------------------------------- DISC-1
