@@ -39,6 +39,18 @@ ADAMW: dict[str, float] = {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.999, 
                            "weight_decay": 0.01, "grad_clip_norm": 1.0}
 
 
+def module_mock() -> Iterator[tuple[httpx.Client, Any]]:
+    """Body of a module-scoped fixture: one in-process mock (key ``KEY``) and its backend,
+    shared by a module's hypothesis examples, each of which opens and closes its own session."""
+    app = create_app(api_keys=(KEY,), seed=0, order_wait_ms=2000, cancel_delay_ms=0)
+    transport = InProcessTransport(app)
+    client = httpx.Client(transport=transport, base_url="http://mock", timeout=30,
+                          headers={"Authorization": f"Bearer {KEY}"})
+    yield client, app.state.backend
+    client.close()
+    transport.close()
+
+
 class FakeClock:
     """Injectable ``clock=`` for ``create_app``: time moves only when a test says so."""
 

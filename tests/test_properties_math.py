@@ -26,10 +26,9 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from conftest import ADAMW, API, KEY, MODEL
+from conftest import ADAMW, API, MODEL, module_mock
 from grpo.helpers import group_mean_advantages, is_uniform, rl_datum
 from hypothesis_profiles import examples
-from mock_server import InProcessTransport, create_app
 from mock_server.model import AdamWState, Lora, adamw_step, get_base_model
 
 BASE = get_base_model(MODEL)
@@ -143,13 +142,7 @@ def test_on_policy_rl_losses_are_advantage_weighted_cross_entropy(seed, prompt, 
 @pytest.fixture(scope="module")
 def mock() -> Iterator[tuple[httpx.Client, Any]]:
     """One mock for the module (each example opens and closes its own session)."""
-    app = create_app(api_keys=(KEY,), seed=0, order_wait_ms=2000, cancel_delay_ms=0)
-    transport = InProcessTransport(app)
-    client = httpx.Client(transport=transport, base_url="http://mock", timeout=30,
-                          headers={"Authorization": f"Bearer {KEY}"})
-    yield client, app.state.backend
-    client.close()
-    transport.close()
+    yield from module_mock()
 
 
 class Session:

@@ -23,9 +23,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import ADAMW, API, BOS, EOS, KEY, MODEL, expect_error
+from conftest import ADAMW, API, BOS, EOS, MODEL, expect_error, module_mock
 from hypothesis_profiles import examples
-from mock_server import InProcessTransport, create_app
 from mock_server.model import Lora, get_base_model
 
 BASE = get_base_model(MODEL)
@@ -35,14 +34,8 @@ TEXT = st.lists(st.sampled_from(list(b"abcdehlorst ")), min_size=1, max_size=6)
 
 @pytest.fixture(scope="module")
 def mock() -> Iterator[tuple[httpx.Client, Any]]:
-    """One mock for the module; every example opens (and closes) its own session and run."""
-    app = create_app(api_keys=(KEY,), seed=0, order_wait_ms=2000, cancel_delay_ms=0)
-    transport = InProcessTransport(app)
-    client = httpx.Client(transport=transport, base_url="http://mock", timeout=30,
-                          headers={"Authorization": f"Bearer {KEY}"})
-    yield client, app.state.backend
-    client.close()
-    transport.close()
+    """One mock for the module (each example opens and closes its own session)."""
+    yield from module_mock()
 
 
 # -- histories ------------------------------------------------------------------------------
