@@ -232,11 +232,6 @@ class Ctx:
             return bool(node.get(rest)) or (rest in node and node[rest] == {})
         return False
 
-    def require_loss(self, *names: str) -> None:
-        missing = [n for n in names if not self.has_loss(n)]
-        if missing:
-            raise CheckUnsupported(f"loss function(s) not declared: {', '.join(missing)}")
-
     def tokens(self, text: str) -> list[int]:
         """Token ids for a short ASCII text, valid for any vocabulary (byte value mod V)."""
         return [ord(ch) % self.vocab for ch in text]

@@ -34,7 +34,6 @@ __all__ = ["OpenAPI", "PACKAGED_OPENAPI", "REPO_OPENAPI", "default_openapi_path"
 PACKAGED_OPENAPI = Path(__file__).with_name("openapi.yaml")
 REPO_OPENAPI = Path(__file__).resolve().parent.parent / "openapi.yaml"
 _DOC_URI = "urn:whitney-openapi"
-_METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 
 
 def default_openapi_path() -> Path:
@@ -125,16 +124,6 @@ class OpenAPI:
         item = self.deref(self.document["paths"].get(template) or {})
         op = item.get(method.lower())
         return self.deref(op) if isinstance(op, dict) else None
-
-    def operations(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """Every (METHOD, path template, operation) in the document."""
-        out = []
-        for template, item in self.document["paths"].items():
-            item = self.deref(item)
-            for method in _METHODS:
-                if isinstance(item.get(method), dict):
-                    out.append((method.upper(), template, self.deref(item[method])))
-        return out
 
     def deref(self, node: Any) -> Any:
         """Follow local ``$ref`` (``#/components/...``) until a non-reference object."""

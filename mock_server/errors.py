@@ -81,11 +81,3 @@ def split_loc(path: str) -> list[str | int]:
         elif piece:
             parts.append(piece)
     return parts
-
-
-class Throttled(WhitneyError):
-    status, type = 429, "rate_limited"
-
-    def __init__(self, message: str, *, retry_after: float, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.retry_after = retry_after

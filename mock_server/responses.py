@@ -28,8 +28,6 @@ def error_response(exc: WhitneyError) -> Response:
     headers = {}
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    if getattr(exc, "retry_after", None) is not None:
-        headers["Retry-After"] = str(max(0, round(exc.retry_after)))  # type: ignore[attr-defined]
     return json_response(exc.envelope(), exc.status, headers)
 
 

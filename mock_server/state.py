@@ -97,16 +97,12 @@ class Backend:
 
     def capabilities(self) -> dict[str, Any]:
         """DISC-1."""
-        models = [nm.get_base_model(model_id) for model_id in nm.BASE_MODELS]
         return _violations.tamper_capabilities(self.violations, {
             "contract_version": CONTRACT_VERSION,
             "primitives": list(PREPARERS),
             "optimizers": ["adamw"],
             "loss_functions": nm.LOSS_SPECS,
-            "base_models": [{"id": m.spec.id, "vocab_size": m.spec.vocab_size,
-                             "max_context": m.spec.max_context,
-                             "eos_token_id": m.spec.eos_token_id,
-                             "max_lora_rank": m.spec.max_lora_rank} for m in models],
+            "base_models": [spec.capabilities_entry() for spec in nm.BASE_MODELS.values()],
             "limits": self.limits.as_dict(),
             "features": self.features.as_dict(),
         })
@@ -305,10 +301,6 @@ class Backend:
                 entry.future.set_exception(Conflict(message, type=error_type))
 
     # -- ordered primitives (ORD-1..5) ----------------------------------------------------
-    def prepare(self, *, key: str, run_id: str, primitive: str, body: Any) -> tuple[Run, Thunk]:
-        run = self.owned_run(key, run_id)
-        return run, PREPARERS[primitive](self, run, body)
-
     async def submit(self, *, key: str, run_id: str, primitive: str, body: Any,
                      digest: bytes) -> Outcome:
         """Execute ``body`` at its turn in the run's sequence, holding it until then."""
