@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from mock_server import Backend, schemas
-from mock_server.model import BASE_MODEL_ID
-from mock_server.primitives import prepare_forward
+from mock_server import Backend
+from mock_server.backend import schemas
+from mock_server.engine.model import BASE_MODEL_ID
+from mock_server.backend.primitives import prepare_forward
 
 from .core import Config, Row, interleave, make_row
 from .fixtures import API_KEY, forward_body

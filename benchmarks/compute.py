@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from mock_server import schemas
-from mock_server.model import BASE_MODEL_ID, get_base_model
-from mock_server.primitives import prepare_forward
+from mock_server.backend import schemas
+from mock_server.engine.model import BASE_MODEL_ID, get_base_model
+from mock_server.backend.primitives import prepare_forward
 
 from .body import backend_run
 from .core import Config, Row, interleave, make_row

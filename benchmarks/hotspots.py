@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from mock_server import schemas
-from mock_server.primitives import prepare_forward
+from mock_server.backend import schemas
+from mock_server.backend.primitives import prepare_forward
 
 from .body import backend_run, body_bytes
 from .compute import _model_call

@@ -104,7 +104,7 @@ class ServerLog(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         name = type(exc).__name__ if exc else ""
         if not exc and str(record.msg).startswith("injected fault"):
-            name = "InjectedDrop"  # already rewritten by mock_server.control's own filter
+            name = "InjectedDrop"  # already rewritten by mock_server.http.control's own filter
         if name in ("InjectedDrop", "ClientDisconnect"):
             self.expected[name] += 1
             return False

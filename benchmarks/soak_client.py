@@ -52,7 +52,7 @@ class Config:
     fault_kinds: tuple[str, ...] = tuple(FAULTS)
     fault_primitives: tuple[str, ...] = tuple(CYCLE_PRIMITIVES)
     seed: int = 0
-    violations: tuple[str, ...] = ()  # mock_server.violations, in-process only: proves the
+    violations: tuple[str, ...] = ()  # mock_server.testing.violations, in-process only: proves the
     # soak's checks can fail (tests/test_soak_short.py)
 
 

@@ -7,10 +7,10 @@ Public surface::
     Backend, Limits, Features, WhitneyError
 """
 
-from .app import create_app
-from .errors import WhitneyError
-from .limits import Features, Limits
-from .state import Backend
+from .http.app import create_app
+from .backend.errors import WhitneyError
+from .backend.config import Features, Limits
+from .backend.state import Backend
 from .transport import InProcessTransport
 
 __all__ = ["Backend", "Features", "InProcessTransport", "Limits", "WhitneyError", "create_app"]

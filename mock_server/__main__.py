@@ -7,7 +7,7 @@ import ipaddress
 import os
 import sys
 
-from .app import create_app
+from .http.app import create_app
 
 DEFAULT_KEY = "whitney-mock-key"
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import uvicorn
 
-    from .logs import configure_logging
+    from .http.logs import configure_logging
 
     configure_logging(args.log_level)
     keys = api_keys_from(args)

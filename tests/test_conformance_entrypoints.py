@@ -25,7 +25,7 @@ from conformance.cli import main
 from conformance.context import Ctx, Options
 from conformance.registry import CheckFailed, Status
 from mock_server import create_app
-from mock_server.testing import _UvicornThread
+from mock_server.testing.mock import _UvicornThread
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = ("tcp-key-one-secret", "tcp-key-two-secret")

@@ -15,7 +15,7 @@ from conformance.context import Options
 from conformance.registry import Status
 from mock_server import create_app
 from mock_server.transport import InProcessTransport
-from mock_server.violations import VIOLATIONS
+from mock_server.testing.violations import VIOLATIONS
 
 EXPECTED: dict[str, set[str]] = {
     "replay_reexecutes": {"ORD-3"},

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from conftest import API, KEY, MODEL, FakeClock, ce_datum, expect_error, new_run, text_tokens
-from mock_server import Backend, schemas
+from mock_server import Backend
+from mock_server.backend import schemas
 
 RANK = 64  # the largest adapter: its arrays dominate whatever else a run holds
 VERSIONS = 20

@@ -5,7 +5,7 @@ loss, optim_step with random AdamW settings), gradient accumulation without a st
 saves with random gaps (VER-1), checkpoints and restores (CKPT-1), and queries of earlier
 versions. At every save the test captures a copy of the run's weights from the backend; every
 ``sample`` and ``logprobs`` at that version, however much training followed, must equal a
-recomputation with ``mock_server.model`` from that copy (VER-2: tokens bit for bit with the
+recomputation with ``mock_server.engine.model`` from that copy (VER-2: tokens bit for bit with the
 same seed, logprobs within ``features.logprob_tolerance``), name the version and the step it was
 saved at, and leave the training weights untouched. Right after each save the sampler's
 logprobs must equal ``logprobs`` on the version and ``forward`` on the live weights (VER-3),
@@ -25,7 +25,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import ADAMW, API, BOS, EOS, MODEL, expect_error, module_mock
 from hypothesis_profiles import examples
-from mock_server.model import Lora, get_base_model
+from mock_server.engine.model import Lora, get_base_model
 
 BASE = get_base_model(MODEL)
 TOKENS = st.integers(0, 255) | st.sampled_from([BOS, EOS])

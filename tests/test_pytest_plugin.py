@@ -27,9 +27,9 @@ def _example(markdown: str) -> str:
 
 def test_plugin_is_registered_as_a_pytest11_entry_point() -> None:
     points = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
-    assert points.get("whitney_mock") == "mock_server.pytest_plugin", (
+    assert points.get("whitney_mock") == "mock_server.testing.plugin", (
         'pyproject.toml needs [project.entry-points.pytest11] whitney_mock = '
-        '"mock_server.pytest_plugin" (then reinstall)')
+        '"mock_server.testing.plugin" (then reinstall)')
 
 
 def test_readme_example_passes_as_written(pytester: pytest.Pytester) -> None:

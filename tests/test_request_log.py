@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from conftest import API, ce_datum, new_run, text_tokens
-from mock_server.logs import REQUEST_LOGGER, find_seq, format_fields
+from mock_server.http.logs import REQUEST_LOGGER, find_seq, format_fields
 
 FB = {"loss_function": "cross_entropy", "loss_config": {},
       "data": [ce_datum(text_tokens("logged"))]}

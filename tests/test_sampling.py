@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mock_server.model import (
+from mock_server.engine.model import (
     BASE_MODEL_ID, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, Lora, get_base_model,
 )
 

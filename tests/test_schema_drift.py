@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mock_server import schemas
+from mock_server.backend import schemas
 
 SPEC = yaml.safe_load((Path(__file__).resolve().parents[1] / "openapi.yaml").read_text())
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import model as nm
+from ..engine import model as nm
 from . import schemas
 from .errors import Conflict, NotFound, ValidationFailed
 

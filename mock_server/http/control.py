@@ -19,11 +19,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import schemas
-from .errors import NotFound, ValidationFailed
+from ..backend import schemas
+from ..backend.errors import NotFound, ValidationFailed
 from .faults import FaultMiddleware, FaultRegistry, parse_fault
-from .limits import Limits
-from .state import Backend
+from ..backend.config import Limits
+from ..backend.state import Backend
 
 __all__ = ["control_routes", "install_faults"]
 
@@ -59,7 +59,7 @@ def _authorized(request: Request) -> tuple[Backend, FaultRegistry]:
 
 
 async def _payload(request: Request) -> Any:
-    from .responses import read_body
+    from .endpoints import read_body
 
     return schemas.parse_json(await read_body(request))
 

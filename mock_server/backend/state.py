@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from . import model as nm
+from ..engine import model as nm
 from . import schemas
-from . import violations as _violations
+from ..testing import violations as _violations
 from .errors import Conflict, NotFound, Unauthorized, ValidationFailed, WhitneyError
-from .limits import Features, Limits
+from .config import Features, Limits
 from .primitives import PREPARERS, Checkpoint, Thunk
 from .records import CONTRACT_VERSION, TERMINAL, Held, Operation, Outcome, Run, Session, iso
 

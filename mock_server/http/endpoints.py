@@ -13,10 +13,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import schemas
-from . import violations as _violations
-from .errors import BodyTooLarge, WhitneyError
-from .state import Backend
+from ..backend import schemas
+from ..testing import violations as _violations
+from ..backend.errors import BodyTooLarge, WhitneyError
+from ..backend.state import Backend
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .primitives import PREPARERS
+from ..backend.primitives import PREPARERS
 
 __all__ = ["REQUEST_LOGGER", "RequestLogMiddleware", "configure_logging", "format_fields"]
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from . import model as nm
+from ..engine import model as nm
 from .primitives import Export, Thunk, Version
 
 TERMINAL = frozenset({"finished", "cancelled", "failed"})

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 from pydantic import BaseModel
 
-from .errors import WhitneyError
+from ..backend.errors import WhitneyError
 
 if TYPE_CHECKING:
-    from .records import Run
-    from .state import Backend
+    from ..backend.records import Run
+    from ..backend.state import Backend
 
 VIOLATIONS: dict[str, str] = {
     "replay_reexecutes":
@@ -159,7 +159,7 @@ def rewrite_body(violations: frozenset[str], model: type[BaseModel], payload: An
             adamw["beta1"] = 0.9
         payload = {**payload, "adamw": adamw}
     if name == "Forward" and "substitutes_unknown_loss" in violations:
-        from .model import LOSS_SPECS
+        from ..engine.model import LOSS_SPECS
 
         if payload.get("loss_function") not in LOSS_SPECS:
             payload = {**payload, "loss_function": "importance_sampling"}
@@ -174,7 +174,7 @@ def rewrite_body(violations: frozenset[str], model: type[BaseModel], payload: An
 # -- execution (hooks in state.Backend.submit / _execute) ------------------------------------
 def reexecute(backend: "Backend", run: "Run", primitive: str, body: Any) -> None:
     """replay_reexecutes: apply a replayed request's effect a second time."""
-    from .primitives import PREPARERS
+    from ..backend.primitives import PREPARERS
 
     try:
         PREPARERS[primitive](backend, run, body)()
@@ -219,7 +219,7 @@ def lenient_json(raw: bytes) -> Any:
     """nan_accepted: Python's json module, which reads NaN and Infinity literals."""
     import json
 
-    from . import schemas
+    from ..backend import schemas
 
     try:
         return json.loads(raw) if raw.strip() else {}

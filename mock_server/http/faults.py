@@ -49,10 +49,10 @@ import orjson
 from pydantic import Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import schemas
-from .errors import NotFound, ValidationFailed
-from .primitives import PREPARERS
-from .state import Backend
+from ..backend import schemas
+from ..backend.errors import NotFound, ValidationFailed
+from ..backend.primitives import PREPARERS
+from ..backend.state import Backend
 
 __all__ = ["ENDPOINTS", "FAULT_KINDS", "Fault", "FaultMiddleware", "FaultRegistry", "InjectedDrop",
            "TARGETS", "classify", "parse_fault"]

@@ -13,11 +13,11 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import responses as r
-from .errors import WhitneyError
-from .limits import Features, Limits
-from .primitives import PREPARERS
-from .state import Backend
+from . import endpoints as r
+from ..backend.errors import WhitneyError
+from ..backend.config import Features, Limits
+from ..backend.primitives import PREPARERS
+from ..backend.state import Backend
 
 logger = logging.getLogger("mock_server")
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from .limits import Limits
-from .testing import DEFAULT_API_KEY, MockWhitney
+from ..backend.config import Limits
+from .mock import DEFAULT_API_KEY, MockWhitney
 
 MARKER = "whitney_mock"
 _MARKER_ARGS = frozenset({"seed", "limits", "api_keys", "cancel_delay_ms"})

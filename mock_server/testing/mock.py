@@ -1,6 +1,6 @@
 """``MockWhitney``: the mock server as a test fixture, in-process or over a real socket.
 
-The pytest plugin (:mod:`mock_server.pytest_plugin`) hands these out as ``whitney_mock`` and
+The pytest plugin (:mod:`mock_server.testing.plugin`) hands these out as ``whitney_mock`` and
 ``whitney_server``; they also work on their own::
 
     with MockWhitney.in_process(seed=0) as whitney:
@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 
-from .app import create_app
-from .state import Backend
-from .transport import InProcessTransport
+from ..http.app import create_app
+from ..backend.state import Backend
+from ..transport import InProcessTransport
 
 __all__ = ["DEFAULT_API_KEY", "IN_PROCESS_BASE_URL", "MockControlError", "MockWhitney", "TraceEntry"]
 
