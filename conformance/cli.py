@@ -15,8 +15,7 @@ import os
 import sys
 from typing import Sequence
 
-from .context import Options
-from .registry import all_checks, select
+from .options import Options
 
 __all__ = ["main", "build_parser"]
 
@@ -66,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from .checks import all_checks
+    from .registry import select
+
     only = [part for item in args.only for part in item.split(",") if part.strip()]
     checks = select(all_checks(), only)
     if args.list:
@@ -96,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       fuzz_examples=args.fuzz_examples)
     secrets = target.secrets()
 
-    def progress(outcome) -> None:  # noqa: ANN001 - Outcome, imported lazily
+    def progress(outcome) -> None:  # noqa: ANN001 - CheckOutcome, imported lazily
         if args.verbose:
             console.print(mask_secrets(f"{outcome.status.value:12} {outcome.check.id}", secrets))
 

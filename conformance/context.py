@@ -14,30 +14,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .options import Options
 from .registry import CheckFailed, CheckUnsupported
-from .wire import PRIMARY, Reply, Wire
+from .payloads import adamw
+from .wire import PRIMARY, TERMINAL, Reply, Wire
 
-__all__ = ["Ctx", "RunHandle", "SessionHandle", "Options", "RECORDED_FAILURES", "ADAMW",
+__all__ = ["Ctx", "RunHandle", "SessionHandle", "RECORDED_FAILURES",
            "expect_status", "close", "assert_close", "assert_json_close"]
 
 # error.type values raised at a primitive's turn: recorded, consuming the seq (ORD-4, 4a).
 RECORDED_FAILURES = frozenset({"no_gradients", "version_conflict", "version_not_found",
                                "quota_exceeded", "checkpoint_not_found"})
-TERMINAL = frozenset({"finished", "cancelled", "failed"})
-
-# AdamW for checks that only need "a step"; checks that measure the optimizer set their own.
-ADAMW = {"learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
-         "weight_decay": 0.0, "grad_clip_norm": 0.0}
-
-
-@dataclass
-class Options:
-    """Budget knobs of a run (CLI flags / pytest options)."""
-
-    max_wait_seconds: float = 5.0  # longest deliberate wait (LIFE-4 TTL expiry)
-    quota_probe: int = 16  # largest quota the suite fills to see 409 quota_exceeded
-    fuzz_examples: int = 3  # schemathesis examples per operation (0: no fuzz pass)
-    body_probe_bytes: int = 64 * 1024 * 1024  # largest body sent to provoke 413
 
 
 def expect_status(reply: Reply, status: int, error_type: str | None = None,
@@ -141,8 +128,9 @@ class RunHandle:
                          {"loss_function": loss, "loss_config": config or {}, "data": data},
                          **kwargs)
 
-    def step(self, **adamw: Any) -> dict[str, Any]:
-        return self.body("optim_step", {"adamw": {**ADAMW, **adamw}})
+    def step(self, **overrides: Any) -> dict[str, Any]:
+        """``optim_step`` with the suite's AdamW (``payloads.adamw``) and ``overrides``."""
+        return self.body("optim_step", {"adamw": adamw(**overrides)})
 
     def save(self, version: int) -> dict[str, Any]:
         return self.body("save_weights_for_sampler", {"version": version})

@@ -7,7 +7,7 @@ per registered check (ids like ``ORD-2:seq-gap``, so ``-k ORD-2`` selects), all 
 session-scoped :class:`~conformance.runner.Suite` whose teardown cancels and closes every
 resource, also on Ctrl-C.
 
-Outcome mapping: pass -> passed; fail/error -> failed; warn -> passed with a warning;
+Result mapping: pass -> passed; fail/error -> failed; warn -> passed with a warning;
 unsupported -> skipped (with the reason).
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .context import Options
+from .options import Options
 
 __all__ = ["add_options", "whitney_suite", "pytest_addoption", "pytest_terminal_summary"]
 

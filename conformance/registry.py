@@ -22,7 +22,7 @@ from typing import Callable
 
 __all__ = [
     "Level", "Status", "Check", "CheckFailed", "CheckWarning", "CheckUnsupported",
-    "check", "all_checks", "select", "family_of", "FAMILIES",
+    "check", "registered", "select", "family_of", "FAMILIES",
 ]
 
 # Report order of the rule families (contract order, then the suite's own schema family).
@@ -133,17 +133,10 @@ def check(
     return decorate
 
 
-def _load_check_modules() -> None:
-    # Imported for their registration side effect; the import order is irrelevant.
-    from . import (  # noqa: F401
-        checks_discovery, checks_errors, checks_lifecycle, checks_ordering, checks_versions,
-        checks_loss, checks_optim, checks_state, checks_schema, checks_transport,
-    )
-
-
-def all_checks() -> list[Check]:
-    """Every registered check, in family order then rule number then registration order."""
-    _load_check_modules()
+def registered() -> list[Check]:
+    """Every check registered so far, in family order then rule number then registration
+    order. The suite's checks register when :mod:`conformance.checks` is imported; use
+    ``conformance.checks.all_checks()`` to get them all."""
     order = {family: i for i, family in enumerate(FAMILIES)}
     indexed = list(enumerate(_REGISTRY.values()))
     indexed.sort(key=lambda item: (order[item[1].family], int(item[1].rule.split("-")[1]),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .registry import FAMILIES, Status
-from .runner import Outcome, Summary
+from .runner import CheckOutcome, Summary
 
 __all__ = ["print_report", "to_json", "write_json", "write_junit", "rule_status"]
 
@@ -20,13 +20,13 @@ _SEVERITY = [Status.ERROR, Status.FAIL, Status.WARN, Status.NOT_RUN, Status.UNSU
              Status.PASS]
 
 
-def rule_status(outcomes: list[Outcome]) -> Status:
+def rule_status(outcomes: list[CheckOutcome]) -> Status:
     present = {o.status for o in outcomes}
     return next(s for s in _SEVERITY if s in present)
 
 
-def _by_family(summary: Summary) -> dict[str, list[Outcome]]:
-    grouped: dict[str, list[Outcome]] = defaultdict(list)
+def _by_family(summary: Summary) -> dict[str, list[CheckOutcome]]:
+    grouped: dict[str, list[CheckOutcome]] = defaultdict(list)
     for outcome in summary.outcomes:
         grouped[outcome.check.family].append(outcome)
     return {family: grouped[family] for family in FAMILIES if family in grouped}
@@ -82,7 +82,7 @@ def print_report(summary: Summary, console: Any = None, *, verbose: bool = False
 
 def to_json(summary: Summary) -> dict[str, Any]:
     rules: dict[str, Any] = {}
-    grouped: dict[str, list[Outcome]] = defaultdict(list)
+    grouped: dict[str, list[CheckOutcome]] = defaultdict(list)
     for outcome in summary.outcomes:
         grouped[outcome.check.rule].append(outcome)
     for rule, outcomes in grouped.items():

@@ -17,18 +17,20 @@ from typing import Callable
 
 import httpx
 
-from .context import TERMINAL, Ctx, Options
+from .checks import all_checks
+from .context import Ctx
+from .options import Options
 from .registry import (Check, CheckFailed, CheckUnsupported, CheckWarning, Level, Status,
-                       all_checks, select)
+                       select)
 from .schema import OpenAPI
 from .target import Target
-from .wire import PRIMARY, SECOND, Wire
+from .wire import PRIMARY, SECOND, TERMINAL, Wire
 
-__all__ = ["Outcome", "Resources", "Summary", "Suite", "run_suite"]
+__all__ = ["CheckOutcome", "Resources", "Summary", "Suite", "run_suite"]
 
 
 @dataclass
-class Outcome:
+class CheckOutcome:
     check: Check
     status: Status
     detail: str = ""
@@ -59,7 +61,7 @@ class Resources:
 class Summary:
     target: str
     run_tag: str
-    outcomes: list[Outcome]
+    outcomes: list[CheckOutcome]
     resources: Resources
     requests: int
     tokens_sent: int
@@ -115,15 +117,15 @@ class Suite:
         return Ctx(wire=self.wire, run_tag=self.run_tag, options=self.ctx.options,
                    caps=self.ctx.caps)
 
-    def run_check(self, entry: Check, ctx: Ctx | None = None) -> Outcome:
+    def run_check(self, entry: Check, ctx: Ctx | None = None) -> CheckOutcome:
         """Run one check; ``ctx`` other than the suite's means a side thread."""
         if self.capabilities_error:
-            return Outcome(entry, Status.ERROR, self.capabilities_error)
+            return CheckOutcome(entry, Status.ERROR, self.capabilities_error)
         if entry.capability and not self.ctx.declares(entry.capability):
-            return Outcome(entry, Status.UNSUPPORTED, f"{entry.capability} not declared in "
+            return CheckOutcome(entry, Status.UNSUPPORTED, f"{entry.capability} not declared in "
                                                       f"GET /capabilities")
         if entry.needs_second_key and not self.target.second_api_key:
-            return Outcome(entry, Status.UNSUPPORTED, "no second API key (--second-api-key / "
+            return CheckOutcome(entry, Status.UNSUPPORTED, "no second API key (--second-api-key / "
                                                       "WHITNEY_SECOND_API_KEY)")
         ctx = ctx or self.ctx
         if ctx is self.ctx:
@@ -154,7 +156,7 @@ class Suite:
                 ctx.end_check_resources()
             except httpx.HTTPError:
                 pass  # teardown sweeps whatever is left
-        return Outcome(entry, status, self.wire.mask(detail), time.monotonic() - started)
+        return CheckOutcome(entry, status, self.wire.mask(detail), time.monotonic() - started)
 
     def teardown(self) -> Resources:
         """Cancel every non-terminal run, close every session, and verify."""
@@ -227,8 +229,8 @@ def _where(exc: BaseException) -> str:
     return "?"
 
 
-def _join_side(side: threading.Thread, slow: list[Check], outcomes: dict[str, Outcome],
-               on_outcome: Callable[[Outcome], None] | None) -> None:
+def _join_side(side: threading.Thread, slow: list[Check], outcomes: dict[str, CheckOutcome],
+               on_outcome: Callable[[CheckOutcome], None] | None) -> None:
     side.join()
     for entry in slow:
         if on_outcome and entry.id in outcomes:
@@ -238,7 +240,7 @@ def _join_side(side: threading.Thread, slow: list[Check], outcomes: dict[str, Ou
 def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool = True,
               options: Options | None = None, openapi: OpenAPI | None = None,
               validate_schema: bool = True,
-              on_outcome: Callable[[Outcome], None] | None = None,
+              on_outcome: Callable[[CheckOutcome], None] | None = None,
               run_tag: str | None = None) -> Summary:
     """Run the selected checks (all by default) and tear down; never raises on Ctrl-C.
 
@@ -257,7 +259,7 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
         # the responses of whatever ran: a restricted run must not hide a schema violation.
         checks += [c for c in all_checks() if c.run_last and c not in checks]
     ordered = [c for c in checks if not c.run_last] + [c for c in checks if c.run_last]
-    outcomes: dict[str, Outcome] = {}
+    outcomes: dict[str, CheckOutcome] = {}
     interrupted = False
     side: threading.Thread | None = None
     try:
@@ -282,7 +284,7 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
                 _join_side(side, slow, outcomes, on_outcome)
                 side = None
             if stop and not entry.run_last:
-                outcomes[entry.id] = Outcome(entry, Status.NOT_RUN, "stopped after a failure "
+                outcomes[entry.id] = CheckOutcome(entry, Status.NOT_RUN, "stopped after a failure "
                                                                     "(use --keep-going)")
                 continue
             outcome = suite.run_check(entry)
@@ -305,7 +307,7 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
                                   leaked=["teardown interrupted"])
         suite.wire.close()
     for entry in ordered:
-        outcomes.setdefault(entry.id, Outcome(entry, Status.NOT_RUN, "interrupted"))
+        outcomes.setdefault(entry.id, CheckOutcome(entry, Status.NOT_RUN, "interrupted"))
     return Summary(
         target=target.description, run_tag=suite.run_tag,
         outcomes=[outcomes[c.id] for c in checks], resources=resources,

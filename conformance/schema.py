@@ -1,11 +1,10 @@
 """Validate every response the suite receives against ``openapi.yaml``.
 
-Where the contract file comes from (decided here, enforced by
-``tests/test_conformance_schema.py``): the package ships a byte-identical copy,
-``conformance/openapi.yaml``, so an installed suite runs without the repository. A test
-fails when the copy and the repository root file differ; refresh it with
-``cp openapi.yaml conformance/openapi.yaml``. ``--openapi PATH`` points the suite at another
-file (for example a newer contract under review).
+Where the contract file comes from: there is one copy, ``conformance/openapi.yaml``, package
+data read through :mod:`importlib.resources` wherever the package is installed. The
+repository's ``openapi.yaml`` (the path the product promises) is a relative symlink to it
+(``tests/test_conformance_schema.py`` checks both). ``--openapi PATH`` points the suite at
+another file (for example a newer contract under review).
 
 Validation of one response (:meth:`OpenAPI.validate_response`): the operation must be
 documented for the method and path; the status must be documented (exact code, then ``4XX``
@@ -19,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -29,21 +29,16 @@ import referencing
 import yaml
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["OpenAPI", "PACKAGED_OPENAPI", "REPO_OPENAPI", "default_openapi_path"]
+__all__ = ["OpenAPI", "CONTRACT_RESOURCE", "contract_bytes"]
 
-PACKAGED_OPENAPI = Path(__file__).with_name("openapi.yaml")
-REPO_OPENAPI = Path(__file__).resolve().parent.parent / "openapi.yaml"
+CONTRACT_RESOURCE = "openapi.yaml"  # package data of ``conformance``: the one copy
+_PACKAGED_SOURCE = f"{__package__}/{CONTRACT_RESOURCE} (package data)"
 _DOC_URI = "urn:whitney-openapi"
 
 
-def default_openapi_path() -> Path:
-    """The packaged copy; the repository root file only when no copy is shipped yet."""
-    if PACKAGED_OPENAPI.exists():
-        return PACKAGED_OPENAPI
-    if REPO_OPENAPI.exists():
-        return REPO_OPENAPI
-    raise FileNotFoundError(
-        f"no openapi.yaml: expected {PACKAGED_OPENAPI} (package data) or {REPO_OPENAPI}")
+def contract_bytes() -> bytes:
+    """The contract file as shipped in the package."""
+    return resources.files(__package__).joinpath(CONTRACT_RESOURCE).read_bytes()
 
 
 def _escape(segment: str) -> str:
@@ -72,8 +67,10 @@ class OpenAPI:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "OpenAPI":
-        path = Path(path) if path is not None else default_openapi_path()
-        return _load_cached(str(path.resolve()))
+        """The packaged contract, or the document at ``path``."""
+        if path is None:
+            return _load_cached(None)
+        return _load_cached(str(Path(path).resolve()))
 
     @staticmethod
     def _server_prefix(document: dict[str, Any]) -> str:
@@ -229,7 +226,9 @@ class OpenAPI:
 
 
 @lru_cache(maxsize=8)
-def _load_cached(path: str) -> OpenAPI:
+def _load_cached(path: str | None) -> OpenAPI:
+    if path is None:
+        return OpenAPI(yaml.safe_load(contract_bytes()), source=_PACKAGED_SOURCE)
     with open(path, "rb") as handle:
         document = yaml.safe_load(handle)
     return OpenAPI(document, source=path)

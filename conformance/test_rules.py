@@ -10,7 +10,8 @@ import warnings
 
 import pytest
 
-from conformance.registry import Level, Status, all_checks
+from conformance.checks import all_checks
+from conformance.registry import Level, Status
 
 _CHECKS = [c for c in all_checks() if not c.run_last] + [c for c in all_checks() if c.run_last]
 

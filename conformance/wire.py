@@ -26,11 +26,12 @@ import orjson
 from .schema import OpenAPI
 from .target import Target, mask_secrets
 
-__all__ = ["Wire", "Reply", "PRIMARY", "SECOND", "NO_AUTH", "Tracker"]
+__all__ = ["Wire", "Reply", "PRIMARY", "SECOND", "NO_AUTH", "TERMINAL", "Tracker"]
 
 PRIMARY = "primary"
 SECOND = "second"
 NO_AUTH = "none"
+TERMINAL = frozenset({"finished", "cancelled", "failed"})  # LIFE-8
 _MISSING: Any = object()
 
 
@@ -113,7 +114,7 @@ class Tracker:
                     self.runs.setdefault(rid, TrackedRun(rid, parts[1], key, check_id))
             state = body.get("state")
             if isinstance(body.get("run_id"), str) and body["run_id"] in self.runs:
-                if state in ("finished", "cancelled", "failed"):
+                if state in TERMINAL:
                     self.runs[body["run_id"]].terminal = True
             if (isinstance(body.get("session_id"), str) and "run_id" not in body
                     and body["session_id"] in self.sessions and state in ("closed", "expired")):

@@ -20,8 +20,9 @@ from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
+from conformance.schema import contract_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
-SPEC_PATH = ROOT / "openapi.yaml"
 CONTRACT_CANDIDATES = [
     Path(os.environ["WHITNEY_CONTRACT"]) if os.environ.get("WHITNEY_CONTRACT") else None,
     ROOT / "docs" / "whitney-contract.md",
@@ -37,7 +38,7 @@ Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # ----------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def spec_text() -> str:
-    return SPEC_PATH.read_text(encoding="utf-8")
+    return contract_bytes().decode("utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,13 @@ import httpx
 import pytest
 
 import conformance
-from conformance import open_target, run_suite
-from conformance import registry
+from conformance import open_target, registry, run_suite
+from conformance.checks import all_checks
 from conformance.cli import main
-from conformance.context import Ctx, Options
+from conformance.context import Ctx
+from conformance.options import Options
 from conformance.registry import CheckFailed, Status
+from conformance.schema import contract_bytes
 from mock_server import create_app
 from mock_server.testing.mock import _UvicornThread
 
@@ -66,7 +68,7 @@ def temporary_checks() -> Iterator[list[str]]:
 
 
 def _register(added: list[str], rule: str, name: str, func) -> None:  # noqa: ANN001
-    registry.all_checks()  # load the real checks first
+    all_checks()  # load the real checks first
     registry.check(rule, name, title=f"test-only {name}")(func)
     added.append(f"{rule}:{name}")
 
@@ -197,25 +199,46 @@ def test_per_request_timeout(served: str) -> None:
 
 
 def test_every_rule_id_of_the_contract_has_a_check() -> None:
-    contract = (REPO / "openapi.yaml").read_text()
+    contract = contract_bytes().decode()
     import re
 
     cited = set(re.findall(r"\b(TRANSPORT|SEC|ERR|DISC|LIFE|ORD|VER|LOSS|OPT|GRAD|SAMPLE|CKPT|"
                            r"EXPORT)-(\d+)\b", contract))
-    checked = {c.rule for c in registry.all_checks()}
+    checked = {c.rule for c in all_checks()}
     assert {f"{f}-{n}" for f, n in cited} <= checked
 
 
 def test_mock_server_is_imported_in_one_place_only() -> None:
     package = Path(conformance.__file__).parent
     importers = []
-    for path in sorted(package.glob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if any(n == "mock_server" or n.startswith("mock_server.") for n in names):
-                importers.append(path.name)
+                importers.append(path.relative_to(package).as_posix())
     assert importers == ["target.py"]
+
+
+HEAVY = ("httpx", "numpy", "starlette", "pydantic", "yaml", "jsonschema", "schemathesis",
+         "hypothesis", "mock_server", "orjson", "rich", "referencing")
+
+
+def test_loading_the_pytest_plugin_imports_nothing_heavy() -> None:
+    """The pytest11 entry point loads in every pytest run of every project with whitney-kit
+    installed: it (and the package it lives in) must import no HTTP, schema, numeric or mock
+    module until a fixture is used."""
+    code = ("import sys, conformance.plugin, conformance.options; "
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    # The check is not vacuous: the same probe sees them once the suite itself is imported.
+    code = code.replace("conformance.options", "conformance.runner")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert {"httpx", "yaml", "jsonschema"} <= set(ast.literal_eval(out.stdout))
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess:
@@ -258,7 +281,7 @@ def test_pytest_pyargs_reports_a_failing_rule() -> None:
 
 
 def test_only_selects_by_rule_prefix() -> None:
-    checks = registry.all_checks()
+    checks = all_checks()
 
     def ids(only: list[str]) -> list[str]:
         return [c.id for c in registry.select(checks, only)]

@@ -1,11 +1,20 @@
-"""conformance.schema: the shipped contract copy and response validation against it."""
+"""conformance.schema: the one contract file and response validation against it."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
 
 import orjson
 import pytest
 
-from conformance.schema import PACKAGED_OPENAPI, REPO_OPENAPI, OpenAPI
+import conformance
+from conformance.schema import CONTRACT_RESOURCE, OpenAPI, contract_bytes
+
+REPO = Path(__file__).resolve().parents[1]
 
 RUN_VIEW = {"run_id": "run_1", "session_id": "sess_1", "state": "active", "next_seq": 1,
             "step": 0, "versions": [], "created_at": "2026-01-01T00:00:00Z"}
@@ -14,14 +23,34 @@ JSON = {"content-type": "application/json", "x-request-id": "r1"}
 
 @pytest.fixture(scope="module")
 def spec() -> OpenAPI:
-    return OpenAPI.load(PACKAGED_OPENAPI)
+    return OpenAPI.load()
 
 
-def test_shipped_copy_equals_the_repository_contract() -> None:
-    """The package ships conformance/openapi.yaml; it must be the repository's file byte for
-    byte (refresh with: cp openapi.yaml conformance/openapi.yaml)."""
-    assert REPO_OPENAPI.exists()
-    assert PACKAGED_OPENAPI.read_bytes() == REPO_OPENAPI.read_bytes()
+def test_there_is_one_contract_file() -> None:
+    """The contract lives once, as package data of ``conformance``; the repository root path
+    the product promises is a relative symlink to it, not a second copy."""
+    packaged = Path(conformance.__file__).parent / CONTRACT_RESOURCE
+    root = REPO / "openapi.yaml"
+    assert packaged.is_file() and not packaged.is_symlink()
+    assert root.is_symlink() and not os.path.isabs(os.readlink(root))
+    assert root.resolve() == packaged.resolve()
+    assert contract_bytes() == packaged.read_bytes()
+    copies = [p for p in REPO.rglob("openapi*.y*ml")
+              if ".git" not in p.parts and not p.is_symlink()]
+    assert copies == [packaged], copies
+
+
+def test_the_contract_is_read_as_package_data_from_any_folder(tmp_path: Path) -> None:
+    """``OpenAPI.load()`` reads the resource through importlib.resources, not a path relative
+    to the working folder or the repository."""
+    code = ("from conformance.schema import OpenAPI; o = OpenAPI.load(); "
+            "print(o.source, len(o.document['paths']))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["conformance/openapi.yaml", "(package", "data)",
+                                  str(len(OpenAPI.load().document["paths"]))]
+    assert resources.files("conformance").joinpath(CONTRACT_RESOURCE).is_file()
 
 
 def test_paths_resolve_with_or_without_prefix(spec: OpenAPI) -> None:

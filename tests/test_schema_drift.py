@@ -7,15 +7,16 @@ dropped, made optional or given another range on one side alone fails here.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from conformance.schema import contract_bytes
 from mock_server.backend import schemas
+from mock_server.backend.primitives import PRIMITIVES
 
-SPEC = yaml.safe_load((Path(__file__).resolve().parents[1] / "openapi.yaml").read_text())
+SPEC = yaml.safe_load(contract_bytes())
 
 OPERATION_MODELS: dict[str, type] = {
     "create_session": schemas.CreateSession,
@@ -24,7 +25,7 @@ OPERATION_MODELS: dict[str, type] = {
     "finish_run": schemas.Empty,
     "cancel_run": schemas.Empty,
     "create_run": schemas.CreateRun,
-    **{name: model for name, model in schemas.PRIMITIVE_BODIES.items()},
+    **{name: primitive.body for name, primitive in PRIMITIVES.items()},
 }
 
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",

@@ -7,10 +7,10 @@ import threading
 import time
 from typing import Any
 
-from .context import Ctx, RunHandle, assert_close, assert_json_close, expect_status
-from .payloads import adamw, ce_datum
-from .registry import CheckFailed, CheckWarning, check
-from .wire import NO_AUTH, Reply
+from ..context import Ctx, RunHandle, assert_close, assert_json_close, expect_status
+from ..payloads import adamw, ce_datum
+from ..registry import CheckFailed, CheckWarning, check
+from ..wire import NO_AUTH, Reply
 
 
 def _fb(ctx: Ctx, text: str) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from typing import Any
 
 import httpx
 
-from .context import Ctx, RunHandle, assert_close, expect_status
-from .payloads import adamw, ce_datum, sampling
-from .registry import CheckFailed, CheckWarning, check
-from .wire import NO_AUTH, Reply
+from ..context import Ctx, RunHandle, assert_close, expect_status
+from ..payloads import adamw, ce_datum, sampling
+from ..registry import CheckFailed, CheckWarning, check
+from ..wire import NO_AUTH, Reply
 
 
 def envelope_problem(reply: Reply) -> str | None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import Ctx, RunHandle, assert_close
-from .payloads import adamw, ce_datum, rl_datum
-from .registry import CheckFailed, CheckWarning, check
+from ..context import Ctx, RunHandle, assert_close
+from ..payloads import adamw, ce_datum, rl_datum
+from ..registry import CheckFailed, CheckWarning, check
 
 FIELDS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 SEED = 61

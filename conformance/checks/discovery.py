@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-from .context import Ctx, expect_status
-from .payloads import ce_datum
-from .reference import DEFAULT_CONFIG
-from .registry import CheckFailed, check
-from .wire import NO_AUTH
+from ..context import Ctx, expect_status
+from ..payloads import ce_datum
+from ..reference import DEFAULT_CONFIG
+from ..registry import CheckFailed, check
+from ..wire import NO_AUTH
 
 CONTRACT_PRIMITIVES = ("forward", "forward_backward", "optim_step", "save_weights_for_sampler",
                        "sample", "logprobs", "save_state", "load_state", "export_lora")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .context import Ctx
-from .fuzz import fuzz_operations
-from .payloads import ce_datum
-from .registry import CheckFailed, CheckWarning, check
+from ..context import Ctx
+from ..fuzz import fuzz_operations
+from ..payloads import ce_datum
+from ..registry import CheckFailed, CheckWarning, check
 
 
 @check("SCHEMA-1", "every-response", run_last=True, title="every response of every check "

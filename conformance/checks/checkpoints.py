@@ -7,9 +7,9 @@ import json
 import struct
 from typing import Any
 
-from .context import Ctx, RunHandle, assert_close, expect_status
-from .payloads import adamw, ce_datum
-from .registry import CheckFailed, check
+from ..context import Ctx, RunHandle, assert_close, expect_status
+from ..payloads import adamw, ce_datum
+from ..registry import CheckFailed, check
 
 
 def _train_once(ctx: Ctx, run: RunHandle, text: str, **step: Any) -> dict[str, Any]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import Ctx, RunHandle, assert_close
-from .payloads import ce_datum, sampling
-from .registry import CheckFailed, CheckWarning, check
+from ..context import Ctx, RunHandle, assert_close
+from ..payloads import ce_datum, sampling
+from ..registry import CheckFailed, CheckWarning, check
 
 
 def _sample(run: RunHandle, version: int, prompt: list[int], n: int = 2,

@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from .context import Ctx, RunHandle, assert_close, expect_status
-from .payloads import adamw, ce_datum, rl_datum, with_inputs
-from .reference import dloss_dp, loss_value
-from .registry import CheckFailed, CheckUnsupported, CheckWarning, check
+from ..context import Ctx, RunHandle, assert_close, expect_status
+from ..payloads import adamw, ce_datum, rl_datum, with_inputs
+from ..reference import dloss_dp, loss_value
+from ..registry import CheckFailed, CheckUnsupported, CheckWarning, check
 
 PROBE_STEP = adamw(learning_rate=10.0, eps=1.0, grad_clip_norm=1e-3)
 RATIOS = [0.5, 0.9, 1.0, 1.12, 1.5, 0.7, 1.3, 2.0, 0.95, 0.6, 1.05, 1.8]

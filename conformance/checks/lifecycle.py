@@ -8,10 +8,10 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .context import Ctx, RunHandle, expect_status
-from .payloads import adamw, ce_datum
-from .registry import CheckFailed, CheckWarning, check
-from .wire import Reply
+from ..context import Ctx, RunHandle, expect_status
+from ..payloads import adamw, ce_datum
+from ..registry import CheckFailed, CheckWarning, check
+from ..wire import Reply
 
 _RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]00:00)$")
 
