@@ -2,16 +2,21 @@
 
 Public surface (the seed's names where the seed has one)::
 
-    WhitneyClient, Run, AdamW, RetryPolicy             grpo.client      HTTP, seq, retries
+    WhitneyClient, RunHandle, RetryPolicy              grpo.client      HTTP, seq, retries
+    AdamW, DEFAULT_ADAMW, LoopConfig                   grpo.config      what the loop sends
     group_mean_advantages, all_zero, rl_datum,
     forward_backward_payload, leave_one_out_advantages grpo.helpers     caller-owned math
     Algorithm, ALGORITHMS, get_algorithm, LossContext,
     UniformRewardError, with_kl_penalty                grpo.algorithms  build_loss variants
-    LoopConfig, CycleMetrics, TrainResult, train,
+    CycleMetrics, TrainResult, train,
     cancel_and_close                                   grpo.loop        the ordered loop
     ByteTokenizer, Task, TASKS, get_task               grpo.tasks       toy tasks
-    WhitneyError, APIError, CapabilityError,
+    WhitneyClientError, APIError, CapabilityError,
     TrainingError (and the other typed errors)         grpo.errors
+
+``Run`` and ``WhitneyError`` are the former names of ``RunHandle`` and ``WhitneyClientError``
+(kept as aliases; ``mock_server`` uses both names for other things: a run's server-side record
+and its domain error).
 """
 
 from grpo.algorithms import (
@@ -22,7 +27,8 @@ from grpo.algorithms import (
     get_algorithm,
     with_kl_penalty,
 )
-from grpo.client import AdamW, RetryPolicy, Run, WhitneyClient
+from grpo.client import RetryPolicy, Run, RunHandle, WhitneyClient
+from grpo.config import DEFAULT_ADAMW, AdamW, LoopConfig
 from grpo.errors import (
     APIError,
     AuthenticationError,
@@ -38,6 +44,7 @@ from grpo.errors import (
     ServerError,
     TrainingError,
     ValidationError,
+    WhitneyClientError,
     WhitneyError,
 )
 from grpo.helpers import (
@@ -47,16 +54,16 @@ from grpo.helpers import (
     leave_one_out_advantages,
     rl_datum,
 )
-from grpo.loop import CycleMetrics, LoopConfig, TrainResult, cancel_and_close, train
+from grpo.loop import CycleMetrics, TrainResult, cancel_and_close, train
 from grpo.tasks import TASKS, ByteTokenizer, Task, get_task
 
 __all__ = [
     "ALGORITHMS", "APIError", "AdamW", "Algorithm", "AuthenticationError", "BadRequestError",
     "ByteTokenizer", "CapabilityError", "ConflictError", "ConnectionFailed", "CycleMetrics",
-    "IntegrityError", "LoopConfig", "LossContext", "NotFoundError", "PayloadTooLargeError",
-    "ProtocolError", "RateLimitError", "RetryPolicy", "Run", "ServerError", "TASKS", "Task",
-    "TrainResult", "TrainingError", "UniformRewardError", "ValidationError", "WhitneyClient",
-    "WhitneyError", "all_zero", "cancel_and_close", "forward_backward_payload", "get_algorithm",
+    "DEFAULT_ADAMW", "IntegrityError", "LoopConfig", "LossContext", "NotFoundError",
+    "PayloadTooLargeError", "ProtocolError", "RateLimitError", "RetryPolicy", "Run", "RunHandle",
+    "ServerError", "TASKS", "Task", "TrainResult", "TrainingError", "UniformRewardError",
+    "ValidationError", "WhitneyClient", "WhitneyClientError", "WhitneyError", "all_zero", "cancel_and_close", "forward_backward_payload", "get_algorithm",
     "get_task", "group_mean_advantages", "leave_one_out_advantages", "rl_datum", "train",
     "with_kl_penalty",
 ]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from grpo.client import Run
+from grpo.client import RunHandle
 from grpo.helpers import (
     all_zero,
     forward_backward_payload,
@@ -56,7 +56,7 @@ class LossContext:
     """
 
     reward: Callable[[Sequence[int]], float]
-    run: Run
+    run: RunHandle
     group: int = 0
 
 

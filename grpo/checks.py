@@ -16,7 +16,7 @@ from grpo.errors import CapabilityError
 
 if TYPE_CHECKING:
     from grpo.algorithms import Algorithm
-    from grpo.loop import LoopConfig
+    from grpo.config import LoopConfig
 
 __all__ = ["LOOP_PRIMITIVES", "check_capabilities"]
 

@@ -28,9 +28,10 @@ from rich.live import Live
 from rich.table import Table
 
 from grpo.algorithms import ALGORITHMS, UniformRewardError, get_algorithm
-from grpo.client import AdamW, WhitneyClient
-from grpo.errors import CapabilityError, TrainingError, WhitneyError
-from grpo.loop import DEFAULT_ADAMW, CycleMetrics, LoopConfig, train
+from grpo.client import WhitneyClient
+from grpo.config import DEFAULT_ADAMW, AdamW, LoopConfig
+from grpo.errors import CapabilityError, TrainingError, WhitneyClientError
+from grpo.loop import CycleMetrics, train
 from grpo.tasks import TASKS, ByteTokenizer, Reward, get_task
 
 __all__ = ["main", "load_reward", "read_prompts"]
@@ -233,7 +234,7 @@ def _main(argv: list[str] | None, out_stream: TextIO) -> int:
             if isinstance(exc.__cause__, UniformRewardError) and not config.skip_uniform_groups:
                 say("  (pass --skip-uniform-groups to drop such groups from multi-prompt cycles)")
             return 1
-        except WhitneyError as exc:
+        except WhitneyClientError as exc:
             say(f"whitney-grpo: {exc}")
             return 1
 

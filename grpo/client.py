@@ -2,7 +2,7 @@
 
 ``WhitneyClient`` speaks HTTP through one ``httpx.Client`` (a real base URL, or the embedded
 in-process mock by default), retries what is safe to retry, and turns error envelopes into
-typed errors (:mod:`grpo.errors`). ``Run`` assigns each primitive its ``seq`` (ORD-1) and may
+typed errors (:mod:`grpo.errors`). ``RunHandle`` assigns each primitive its ``seq`` (ORD-1) and may
 pipeline: ``run.submit(...)`` takes the next seq at once and sends from a worker thread, so
 forward_backward seq N and optim_step seq N+1 travel concurrently (ORD-2).
 
@@ -23,11 +23,12 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import httpx
 
+from grpo.config import AdamW
 from grpo.errors import (
     ConnectionFailed,
     IntegrityError,
@@ -35,29 +36,14 @@ from grpo.errors import (
     api_error_class,
 )
 
-__all__ = ["AdamW", "RetryPolicy", "WhitneyClient", "Run", "TERMINAL_RUN_STATES", "PREFIX"]
+__all__ = ["AdamW", "RetryPolicy", "WhitneyClient", "RunHandle", "Run", "TERMINAL_RUN_STATES",
+           "PREFIX"]
 
 PREFIX = "/v1/training"
 TERMINAL_RUN_STATES = frozenset({"finished", "cancelled", "failed"})  # LIFE-8
 
 _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _MAYBE_SENT = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError)
-
-
-@dataclass(frozen=True)
-class AdamW:
-    """The ``optim_step`` hyper-parameters. All six are required: the contract has no server
-    defaults (OPT-1, seed: "explicit AdamW"), so this client invents none either."""
-
-    learning_rate: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    grad_clip_norm: float
-
-    def to_json(self) -> dict[str, float]:
-        return {key: float(value) for key, value in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -265,24 +251,24 @@ class WhitneyClient:
 
     def create_run(
         self, session_id: str, *, base_model: str, rank: int, alpha: float, seed: int | None = None
-    ) -> Run:
-        """LIFE-5: a LoRA run with the AdamW optimizer; returns a :class:`Run` handle."""
+    ) -> RunHandle:
+        """LIFE-5: a LoRA run with the AdamW optimizer; returns a :class:`RunHandle`."""
         lora: dict[str, Any] = {"rank": rank, "alpha": alpha}
         if seed is not None:
             lora["seed"] = seed
         body = {"base_model": base_model, "lora": lora, "optimizer": "adamw"}
         view = self.request("POST", f"{PREFIX}/sessions/{session_id}/runs", body, replay_safe=False)
-        return Run(self, view)
+        return RunHandle(self, view)
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self.request("GET", f"{PREFIX}/runs/{run_id}", replay_safe=True)
 
-    def attach(self, run_id: str) -> Run:
+    def attach(self, run_id: str) -> RunHandle:
         """A handle on an existing run, continuing from its ``next_seq``."""
-        return Run(self, self.get_run(run_id))
+        return RunHandle(self, self.get_run(run_id))
 
 
-class Run:
+class RunHandle:
     """One LoRA run: assigns ``seq`` (ORD-1) and wraps each primitive.
 
     Primitive methods take and return plain JSON dicts, the contract's bodies without ``seq``.
@@ -414,3 +400,7 @@ class Run:
             )
         return content
 
+
+#: The former name of :class:`RunHandle`, kept because it was public. (``mock_server`` keeps
+#: a record of each run under the name ``Run``; this is the client's handle to one.)
+Run = RunHandle

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "WhitneyClientError",
     "WhitneyError",
     "APIError",
     "BadRequestError",
@@ -29,11 +30,16 @@ __all__ = [
 ]
 
 
-class WhitneyError(Exception):
+class WhitneyClientError(Exception):
     """Base class of every error this package raises on purpose."""
 
 
-class APIError(WhitneyError):
+#: The former name of :class:`WhitneyClientError`, kept because it was public. Not to be
+#: confused with ``mock_server``'s domain error of that name (the server side of ERR-1).
+WhitneyError = WhitneyClientError
+
+
+class APIError(WhitneyClientError):
     """The server answered 4xx/5xx with a contract error envelope (ERR-1)."""
 
     def __init__(
@@ -107,7 +113,7 @@ def api_error_class(status: int) -> type[APIError]:
     return _BY_STATUS.get(status, APIError)
 
 
-class ProtocolError(WhitneyError):
+class ProtocolError(WhitneyClientError):
     """The server broke the contract (an error without the envelope, a non-JSON 2xx body)."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
@@ -115,19 +121,19 @@ class ProtocolError(WhitneyError):
         super().__init__(message)
 
 
-class ConnectionFailed(WhitneyError):
+class ConnectionFailed(WhitneyClientError):
     """The connection kept failing after the client's retries were used up."""
 
 
-class IntegrityError(WhitneyError):
+class IntegrityError(WhitneyClientError):
     """A downloaded export file does not match the size or sha256 the server announced."""
 
 
-class CapabilityError(WhitneyError):
+class CapabilityError(WhitneyClientError):
     """The server cannot run this algorithm as asked (DISC-2); raised before any session exists."""
 
 
-class TrainingError(WhitneyError):
+class TrainingError(WhitneyClientError):
     """The training loop failed; the run was cancelled and the session closed (seed: Cleanup).
 
     ``cycle`` is the cycle that failed (``None`` before the first cycle or after the last),

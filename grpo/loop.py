@@ -28,10 +28,13 @@ from typing import Any
 
 from grpo.algorithms import Algorithm, LossContext, UniformRewardError
 from grpo.checks import check_capabilities
-from grpo.client import TERMINAL_RUN_STATES, AdamW, Run, WhitneyClient
+from grpo.client import TERMINAL_RUN_STATES, RunHandle, WhitneyClient
+from grpo.config import DEFAULT_ADAMW, LoopConfig
 from grpo.errors import ProtocolError, TrainingError
 from grpo.tasks import Reward
 
+# LoopConfig and DEFAULT_ADAMW live in grpo.config (so that grpo.checks can read the config
+# without importing the loop); the loop re-exports them for its callers.
 __all__ = [
     "DEFAULT_ADAMW",
     "LoopConfig",
@@ -41,45 +44,6 @@ __all__ = [
     "merge_payloads",
     "cancel_and_close",
 ]
-
-# The reference job's optimizer, chosen by measurement (tests/test_grpo_learning.py) and sent
-# in full with every optim_step; it is a choice of this loop, not a server default (OPT-1).
-DEFAULT_ADAMW = AdamW(
-    learning_rate=0.005, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip_norm=1.0
-)
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    """Everything the loop sends that is not the task; every AdamW field is explicit (OPT-1)."""
-
-    cycles: int = 30
-    group_size: int = 8
-    prompts_per_cycle: int = 4
-    max_tokens: int = 12
-    temperature: float = 1.0
-    base_model: str = "whitney-mock/tiny-byte"
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    adamw: AdamW = DEFAULT_ADAMW
-    seed: int = 0
-    updates_per_cycle: int = 1
-    skip_uniform_groups: bool = False
-    checkpoint_name: str = "final"
-    cancel_timeout_seconds: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.cycles < 2:
-            raise ValueError("run at least two cycles (seed: so update, sync and sample "
-                             "semantics are explicit)")
-        if self.group_size < 2:
-            raise ValueError("a group needs at least 2 samples to have a baseline")
-        for name in ("prompts_per_cycle", "max_tokens", "updates_per_cycle", "lora_rank"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.seed < 0:
-            raise ValueError("seed must be >= 0")
-
 
 @dataclass
 class CycleMetrics:
@@ -148,7 +112,7 @@ def merge_payloads(
 
 
 def cancel_and_close(
-    client: WhitneyClient, session_id: str | None, run: Run | None, timeout: float
+    client: WhitneyClient, session_id: str | None, run: RunHandle | None, timeout: float
 ) -> dict[str, Any]:
     """Seed Cleanup: cancel the run, poll until terminal (at most ``timeout`` s), close the
     session. Never raises; returns what it reached and the errors it met."""
@@ -272,7 +236,7 @@ def train(
     limits = capabilities.get("limits", {})
 
     session_id: str | None = None
-    run: Run | None = None
+    run: RunHandle | None = None
     cycle: int | None = None
     phase = "create_session"
     try:
