@@ -12,14 +12,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+import threading
+from typing import Any, Callable, Iterable
 
 from .options import Options
-from .registry import CheckFailed, CheckUnsupported
-from .payloads import adamw
+from .registry import CheckFailed, CheckUnsupported, CheckWarning
+from .payloads import adamw, ce_datum, loss_body
 from .wire import PRIMARY, TERMINAL, Reply, Wire
 
-__all__ = ["Ctx", "RunHandle", "SessionHandle", "RECORDED_FAILURES",
+__all__ = ["Ctx", "RunHandle", "SessionHandle", "Held", "RECORDED_FAILURES",
            "expect_status", "close", "assert_close", "assert_json_close"]
 
 # error.type values raised at a primitive's turn: recorded, consuming the seq (ORD-4, 4a).
@@ -125,12 +126,20 @@ class RunHandle:
                 config: dict[str, Any] | None = None, *, backward: bool = False,
                 **kwargs: Any) -> dict[str, Any]:
         return self.body("forward_backward" if backward else "forward",
-                         {"loss_function": loss, "loss_config": config or {}, "data": data},
-                         **kwargs)
+                         loss_body(data, loss, config), **kwargs)
+
+    def score(self, tokens: list[int]) -> list[float]:
+        """``forward`` logprobs of ``tokens[1:]`` after their prefixes (training weights)."""
+        return self.forward([ce_datum(tokens)])["outputs"][0]["logprobs"]
 
     def step(self, **overrides: Any) -> dict[str, Any]:
         """``optim_step`` with the suite's AdamW (``payloads.adamw``) and ``overrides``."""
         return self.body("optim_step", {"adamw": adamw(**overrides)})
+
+    def train(self, tokens: list[int], **overrides: Any) -> dict[str, Any]:
+        """One cross_entropy ``forward_backward`` on ``tokens``, then :meth:`step`."""
+        self.forward([ce_datum(tokens)], backward=True)
+        return self.step(**overrides)
 
     def save(self, version: int) -> dict[str, Any]:
         return self.body("save_weights_for_sampler", {"version": version})
@@ -141,17 +150,52 @@ class RunHandle:
         return self.view
 
     def wait_terminal(self, timeout: float = 10.0) -> dict[str, Any]:
-        """Poll ``GET /runs/{rid}`` until a terminal state (LIFE-7)."""
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        while True:
-            view = self.get()
-            if view.get("state") in TERMINAL:
-                return view
-            if time.monotonic() > deadline:
-                raise CheckFailed(f"run {self.id} still {view.get('state')!r} after {timeout}s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
+        """Poll ``GET /runs/{rid}`` until a terminal state (LIFE-7); the terminal view."""
+        state = self.ctx.wire.wait_terminal(self.id, self.auth, timeout)
+        if state not in TERMINAL:
+            raise CheckFailed(f"run {self.id} still {state!r} after {timeout}s")
+        return self.get()
+
+
+class Held:
+    """A request sent on a helper thread ahead of its turn, so the server should hold it
+    (ORD-2) while the check acts. ``was_held``: still waiting after the pause."""
+
+    def __init__(self, send: Callable[[], Reply], pause: float) -> None:
+        self.reply: Reply | None = None
+        self.answered_after: float | None = None
+        self._error: BaseException | None = None
+        self._sent_at = time.monotonic()
+        self._thread = threading.Thread(target=self._send, args=(send,), daemon=True)
+        self._thread.start()
+        time.sleep(pause)
+        self.was_held = self._thread.is_alive()
+
+    def _send(self, send: Callable[[], Reply]) -> None:
+        try:
+            self.reply = send()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
+            self._error = exc
+        finally:
+            self.answered_after = time.monotonic() - self._sent_at
+
+    def result(self, timeout: float = 30.0) -> Reply:
+        """The answer, once it came (re-raising what the sending thread raised)."""
+        self._thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+        if self.reply is None:
+            raise CheckFailed(f"a held request got no answer within {timeout} s")
+        return self.reply
+
+    def not_held(self, clause: str) -> CheckWarning:
+        """The warning for a clause that needs a held request when the server answered it
+        instead: says what the server did."""
+        reply = self.result()
+        return CheckWarning(
+            f"{clause} not exercised: the server did not hold {reply.method} {reply.path} (sent "
+            f"ahead of its turn) but answered {reply.status} {reply.error_type or ''} after "
+            f"{self.answered_after or 0.0:.3f} s (see ORD-2)")
 
 
 class SessionHandle:
@@ -233,6 +277,10 @@ class Ctx:
         wait = int(self.limits.get("order_wait_ms", 1000)) / 1000
         return min(wait / 3, max(0.1, 4 * self._rtt))
 
+    def hold(self, send: Callable[[], Reply]) -> Held:
+        """Send ``send()`` on a helper thread and wait :meth:`hold_pause` (see :class:`Held`)."""
+        return Held(send, self.hold_pause())
+
     # ---------------------------------------------------------------- resources
     def tag(self) -> dict[str, str]:
         return {"whitney-conformance-run": self.run_tag, "whitney-conformance-check": self.check_id}
@@ -294,18 +342,12 @@ class Ctx:
             self.wire.call("POST", f"/sessions/{session.id}/close", {}, auth=session.auth)
 
     def _end_run(self, run_id: str, auth: str) -> None:
-        reply = self.wire.call("GET", f"/runs/{run_id}", auth=auth)
-        state = reply.body.get("state") if isinstance(reply.body, dict) else None
-        if reply.status != 200 or state in TERMINAL:
+        state = self.wire.state_of(f"/runs/{run_id}", auth)
+        if state is None or state in TERMINAL:
             return
         if state == "active":
             reply = self.wire.call("POST", f"/runs/{run_id}/finish", {}, auth=auth)
             if reply.status == 200 and (reply.body or {}).get("state") in TERMINAL:
                 return
             self.wire.call("POST", f"/runs/{run_id}/cancel", {}, auth=auth)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            reply = self.wire.call("GET", f"/runs/{run_id}", auth=auth)
-            if reply.status != 200 or (reply.body or {}).get("state") in TERMINAL:
-                return
-            time.sleep(0.02)
+        self.wire.wait_terminal(run_id, auth)

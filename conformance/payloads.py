@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Sequence
 
-__all__ = ["ce_datum", "rl_datum", "with_inputs", "targets_of", "sampling", "adamw"]
+__all__ = ["ce_datum", "rl_datum", "with_inputs", "loss_body", "sampling", "adamw"]
 
 
 def ce_datum(tokens: Sequence[int], weights: Sequence[float] | None = None) -> dict[str, Any]:
@@ -41,8 +41,10 @@ def with_inputs(datum: dict[str, Any], **loss_inputs: Any) -> dict[str, Any]:
     return out
 
 
-def targets_of(datum: dict[str, Any]) -> list[int]:
-    return list(datum["loss_inputs"]["target_tokens"])
+def loss_body(data: Sequence[dict[str, Any]], loss: str = "cross_entropy",
+              config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The body of ``forward`` / ``forward_backward`` (without ``seq``)."""
+    return {"loss_function": loss, "loss_config": dict(config or {}), "data": list(data)}
 
 
 def sampling(max_tokens: int = 6, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,

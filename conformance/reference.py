@@ -9,7 +9,7 @@ Losses are sums over positions and datums, never means.
 Σ_i ∂loss/∂p_i · ∇θ p_i, so two losses with the same ∂loss/∂p on the same tokens have the
 same parameter gradient. The suite uses that to check gradients black-box: a loss must move
 the weights exactly as ``cross_entropy`` with ``weights = -∂loss/∂p`` does (see
-``checks_loss.py``).
+``checks/losses.py``).
 """
 
 from __future__ import annotations

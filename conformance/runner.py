@@ -178,7 +178,7 @@ class Suite:
                     if reply.body.get("state") == "active":
                         self.wire.call("POST", f"/runs/{run.run_id}/cancel", {},
                                        auth=auth_of(run.key))
-                    self._poll_terminal(run.run_id, auth_of(run.key))
+                    self.wire.wait_terminal(run.run_id, auth_of(run.key), timeout=15.0)
             except httpx.HTTPError:
                 pass
         for session in list(tracker.sessions.values()):
@@ -203,13 +203,6 @@ class Suite:
                 resources.leaked.append(f"session {session.session_id} ({state}, from "
                                         f"{session.check_id})")
         return resources
-
-    def _poll_terminal(self, run_id: str, auth: str, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._state(f"/runs/{run_id}", auth) in TERMINAL:
-                return
-            time.sleep(0.02)
 
     def _state(self, path: str, auth: str) -> str | None:
         try:

@@ -32,7 +32,6 @@ PRIMARY = "primary"
 SECOND = "second"
 NO_AUTH = "none"
 TERMINAL = frozenset({"finished", "cancelled", "failed"})  # LIFE-8
-_MISSING: Any = object()
 
 
 @dataclass
@@ -154,15 +153,15 @@ class Wire:
     def mask(self, text: str) -> str:
         return mask_secrets(text, self.target.secrets())
 
-    def call(self, method: str, path: str, json: Any = _MISSING, *, auth: str = PRIMARY,
+    def call(self, method: str, path: str, json: Any = None, *, auth: str = PRIMARY,
              content: bytes | None = None, headers: dict[str, str] | None = None,
-             authorization: str | None = None, validate: bool = True,
-             timeout: float | None = None) -> Reply:
+             authorization: str | None = None) -> Reply:
         """Send one request; ``path`` is relative to ``/v1/training`` (``/runs/abc/forward``).
 
         ``auth`` picks the key (``PRIMARY``, ``SECOND``, ``NO_AUTH``); ``authorization`` sends
-        that literal header instead (SEC-1). ``json`` is serialised with orjson; ``content``
-        sends raw bytes (malformed JSON, oversized bodies) as ``application/json``.
+        that literal header instead (SEC-1). ``json`` (None: no body) is serialised with
+        orjson; ``content`` sends raw bytes (malformed JSON, oversized bodies) as
+        ``application/json``.
         """
         send_headers = dict(headers or {})
         key = self.key_for(auth)
@@ -173,24 +172,21 @@ class Wire:
         elif auth == SECOND:
             raise RuntimeError("no second API key configured")
         data: bytes | None = None
-        if json is not _MISSING:
+        if json is not None:
             data = orjson.dumps(json)
         elif content is not None:
             data = content
         if data is not None:
             send_headers.setdefault("Content-Type", "application/json")
         started = time.monotonic()
-        response = self.client.request(method, path, content=data, headers=send_headers,
-                                       timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
-        if json is not _MISSING and response.status_code == 200:
+        response = self.client.request(method, path, content=data, headers=send_headers)
+        if json is not None and response.status_code == 200:
             self._count_tokens(path, json)  # refused requests are not processed, nor billed
         return self.record(method, path, response, started=started,
-                           auth_label=auth if authorization is None else "literal",
-                           validate=validate)
+                           auth_label=auth if authorization is None else "literal")
 
     def record(self, method: str, path: str, response: httpx.Response, *,
-               started: float | None = None, auth_label: str = PRIMARY,
-               validate: bool = True) -> Reply:
+               started: float | None = None, auth_label: str = PRIMARY) -> Reply:
         """Parse ``response`` once, note created resources, check TRANSPORT-1 and SCHEMA-1."""
         with self._lock:
             self.requests += 1
@@ -202,15 +198,34 @@ class Wire:
         elapsed = time.monotonic() - started if started is not None else 0.0
         reply = Reply(method, path, response.status_code, response.headers, raw, body, elapsed)
         self.tracker.observe(method, path, auth_label, reply.status, body, self.check_id)
-        self.inspect(reply, validate=validate)
+        self.inspect(reply)
         return reply
 
-    def inspect(self, reply: Reply, *, validate: bool = True) -> None:
+    def state_of(self, path: str, auth: str = PRIMARY) -> str | None:
+        """``state`` of the session or run at ``path``; None when it cannot be read."""
+        reply = self.call("GET", path, auth=auth)
+        state = reply.body.get("state") if isinstance(reply.body, dict) else None
+        return state if reply.status == 200 and isinstance(state, str) else None
+
+    def wait_terminal(self, run_id: str, auth: str = PRIMARY, timeout: float = 10.0
+                      ) -> str | None:
+        """Poll ``GET /runs/{rid}`` until a terminal state (LIFE-7) or ``timeout``; the last
+        state read (None when the run cannot be read)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            state = self.state_of(f"/runs/{run_id}", auth)
+            if state is None or state in TERMINAL or time.monotonic() >= deadline:
+                return state
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def inspect(self, reply: Reply) -> None:
         """Record TRANSPORT-1 and SCHEMA-1 problems of a response."""
         where = f"{reply.method} {reply.path} -> {reply.status}"
         if not reply.headers.get("x-request-id"):
             self.request_id_problems.append((self.check_id, f"{where}: no X-Request-Id"))
-        if validate and self.openapi is not None:
+        if self.openapi is not None:
             for problem in self.openapi.validate_response(reply.method, reply.path, reply.status,
                                                           reply.headers, reply.content):
                 self.schema_problems.append((self.check_id, self.mask(problem)))

@@ -263,10 +263,6 @@ class WhitneyClient:
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self.request("GET", f"{PREFIX}/runs/{run_id}", replay_safe=True)
 
-    def attach(self, run_id: str) -> RunHandle:
-        """A handle on an existing run, continuing from its ``next_seq``."""
-        return RunHandle(self, self.get_run(run_id))
-
 
 class RunHandle:
     """One LoRA run: assigns ``seq`` (ORD-1) and wraps each primitive.

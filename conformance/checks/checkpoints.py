@@ -12,13 +12,8 @@ from ..payloads import adamw, ce_datum
 from ..registry import CheckFailed, check
 
 
-def _train_once(ctx: Ctx, run: RunHandle, text: str, **step: Any) -> dict[str, Any]:
-    run.forward([ce_datum(ctx.tokens(text))], backward=True)
-    return run.step(**step)
-
-
 def _probe(ctx: Ctx, run: RunHandle) -> list[float]:
-    return run.forward([ce_datum(ctx.tokens("checkpoint probe"))])["outputs"][0]["logprobs"]
+    return run.score(ctx.tokens("checkpoint probe"))
 
 
 def _load(run: RunHandle, checkpoint_id: str, with_optimizer: bool) -> dict[str, Any]:
@@ -30,12 +25,12 @@ def _load(run: RunHandle, checkpoint_id: str, with_optimizer: bool) -> dict[str,
        "with_optimizer restores weights, step and AdamW moments: training continues bit for bit")
 def ckpt1_with_optimizer(ctx: Ctx) -> None:
     run = ctx.run(seed=71)
-    _train_once(ctx, run, "before the checkpoint")
+    run.train(ctx.tokens("before the checkpoint"))
     saved = run.body("save_state", {"name": "ckpt-1"})
     if saved.get("step") != 1 or not isinstance(saved.get("checkpoint_id"), str):
         raise CheckFailed(f"save_state after one step answered {saved}")
     at_save = _probe(ctx, run)
-    continued = _train_once(ctx, run, "after the checkpoint", beta1=0.6)
+    continued = run.train(ctx.tokens("after the checkpoint"), beta1=0.6)
     after_continue = _probe(ctx, run)
     loaded = _load(run, saved["checkpoint_id"], True)
     if loaded != {"checkpoint_id": saved["checkpoint_id"], "step": 1}:
@@ -43,7 +38,7 @@ def ckpt1_with_optimizer(ctx: Ctx) -> None:
     if run.get()["step"] != 1:
         raise CheckFailed(f"run step after load_state is {run.view['step']}, expected 1")
     assert_close(_probe(ctx, run), at_save, ctx.tol, "logprobs after load_state vs at save")
-    replayed = _train_once(ctx, run, "after the checkpoint", beta1=0.6)
+    replayed = run.train(ctx.tokens("after the checkpoint"), beta1=0.6)
     for key in ("step", "grad_norm", "update_norm"):
         assert_close(replayed[key], continued[key], ctx.tol,
                      f"the step after load_state(with_optimizer) {key}", rel=ctx.tol)
@@ -56,9 +51,9 @@ def ckpt1_with_optimizer(ctx: Ctx) -> None:
        "empties the gradient buffer")
 def ckpt1_without_optimizer(ctx: Ctx) -> None:
     run = ctx.run(seed=73)
-    _train_once(ctx, run, "warm up the moments")
+    run.train(ctx.tokens("warm up the moments"))
     checkpoint = run.body("save_state", {"name": "ckpt-2"})["checkpoint_id"]
-    _train_once(ctx, run, "move away")
+    run.train(ctx.tokens("move away"))
     run.forward([ce_datum(ctx.tokens("pending gradient"))], backward=True)
     _load(run, checkpoint, False)
     run.prim("optim_step", {"adamw": adamw()}, expect=(409, "no_gradients"))
@@ -67,7 +62,7 @@ def ckpt1_without_optimizer(ctx: Ctx) -> None:
     results = []
     for betas in ((0.9, 0.999), (0.3, 0.5)):
         _load(run, checkpoint, False)
-        step = _train_once(ctx, run, "after reload", beta1=betas[0], beta2=betas[1])
+        step = run.train(ctx.tokens("after reload"), beta1=betas[0], beta2=betas[1])
         results.append((step, _probe(ctx, run)))
     (a, a_lp), (b, b_lp) = results
     if a["step"] != 2 or b["step"] != 2:
@@ -101,7 +96,7 @@ def parse_safetensors(blob: bytes) -> dict[str, dict[str, Any]]:
 def export1_peft(ctx: Ctx) -> None:
     rank, alpha = 4, 8.0
     run = ctx.run(rank=rank, alpha=alpha)
-    _train_once(ctx, run, "export me")
+    run.train(ctx.tokens("export me"))
     export = run.body("export_lora")
     if export.get("format") != "peft" or not isinstance(export.get("export_id"), str):
         raise CheckFailed(f"export_lora answered {export}")

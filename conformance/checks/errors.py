@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from ..context import Ctx, RunHandle, assert_close, expect_status
-from ..payloads import adamw, ce_datum, sampling
+from ..payloads import adamw, ce_datum, loss_body, sampling
 from ..registry import CheckFailed, CheckWarning, check
 from ..wire import NO_AUTH, Reply
 
@@ -29,8 +29,7 @@ def envelope_problem(reply: Reply) -> str | None:
 
 
 def _forward_body(ctx: Ctx, seq: int, **extra: Any) -> dict[str, Any]:
-    return {"seq": seq, "loss_function": "cross_entropy", "loss_config": {},
-            "data": [ce_datum(ctx.tokens("abc"))], **extra}
+    return {"seq": seq, **loss_body([ce_datum(ctx.tokens("abc"))]), **extra}
 
 
 @check("ERR-1", "envelope", title="every 4xx body is {error: {type, message, details}} "
@@ -168,8 +167,7 @@ def err2_limits(ctx: Ctx) -> None:
     one = ce_datum([1, 2])
     n_datums = int(lim["max_datums_per_request"]) + 1
     if n_datums <= 4096:
-        run.prim("forward", {"loss_function": "cross_entropy", "loss_config": {},
-                             "data": [one] * n_datums}, expect=(422, "limit_exceeded"))
+        run.prim("forward", loss_body([one] * n_datums), expect=(422, "limit_exceeded"))
     else:
         notes.append(f"max_datums_per_request {n_datums - 1} not probed")
     max_tokens, context = int(lim["max_tokens_per_request"]), int(model["max_context"])
@@ -177,8 +175,7 @@ def err2_limits(ctx: Ctx) -> None:
     needed = max_tokens // per_datum + 1
     if needed <= int(lim["max_datums_per_request"]) and max_tokens <= 300_000:
         datum = ce_datum([1] * (per_datum + 1))
-        run.prim("forward", {"loss_function": "cross_entropy", "loss_config": {},
-                             "data": [datum] * needed}, expect=(422, "limit_exceeded"))
+        run.prim("forward", loss_body([datum] * needed), expect=(422, "limit_exceeded"))
     else:
         notes.append(f"max_tokens_per_request {max_tokens} not probed")
     prompt = {"token_ids": ctx.tokens("Q")}
@@ -204,20 +201,18 @@ def err2_limits(ctx: Ctx) -> None:
         raise CheckWarning("not exercised: " + "; ".join(notes))
 
 
-def _snapshot(run: RunHandle, probe: list[dict[str, Any]]) -> tuple[dict[str, Any], list[float]]:
+def _snapshot(run: RunHandle, probe: list[int]) -> tuple[dict[str, Any], list[float]]:
     view = run.get()
-    return ({k: view.get(k) for k in ("state", "step", "versions")},
-            run.forward(probe)["outputs"][0]["logprobs"])
+    return {k: view.get(k) for k in ("state", "step", "versions")}, run.score(probe)
 
 
 def _refused_battery(ctx: Ctx, run: RunHandle) -> None:
     """4xx requests of every primitive, including a forward_backward whose LAST datum is bad
     (a server must not keep the first datum's gradient) and failures recorded at their turn."""
-    bad_fb = {"loss_function": "cross_entropy", "loss_config": {},
-              "data": [ce_datum(ctx.tokens("good")), ce_datum([1, ctx.vocab])]}
+    bad_fb = loss_body([ce_datum(ctx.tokens("good")), ce_datum([1, ctx.vocab])])
     run.prim("forward_backward", bad_fb, expect=422)
-    run.prim("forward_backward", {"loss_function": "cross_entropy", "loss_config": {
-        "no_such_key": 1}, "data": [ce_datum(ctx.tokens("good"))]}, expect=422)
+    run.prim("forward_backward", loss_body([ce_datum(ctx.tokens("good"))],
+                                           config={"no_such_key": 1}), expect=422)
     run.prim("optim_step", {"adamw": adamw(learning_rate=-1.0)}, expect=422)
     run.prim("optim_step", {"adamw": adamw(beta1=1.5)}, expect=422)
     run.prim("save_weights_for_sampler", {"version": -5}, expect=422)
@@ -237,7 +232,7 @@ def _refused_battery(ctx: Ctx, run: RunHandle) -> None:
        "AdamW moments, versions and step exactly as before")
 def err3_no_state_change(ctx: Ctx) -> None:
     data = [ce_datum(ctx.tokens("state"))]
-    probe = [ce_datum(ctx.tokens("probe!"))]
+    probe = ctx.tokens("probe!")
     reference, subject = ctx.run(seed=31), ctx.run(seed=31)
     for run in (reference, subject):
         run.save(0)
@@ -288,8 +283,7 @@ def err4_unknown_field(ctx: Ctx) -> None:
     run.save(0)
     datum = ce_datum(ctx.tokens("field"))
     bodies: dict[str, dict[str, Any]] = {
-        "forward_backward": {"loss_function": "cross_entropy", "loss_config": {},
-                             "data": [datum]},
+        "forward_backward": loss_body([datum]),
         "optim_step": {"adamw": adamw()},
         "sample": {"version": 0, "prompt": {"token_ids": ctx.tokens("Q")}, "num_samples": 1,
                    "sampling": sampling(max_tokens=2)},

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import re
-import threading
 import time
 from datetime import datetime
 from typing import Any
 
 from ..context import Ctx, RunHandle, expect_status
-from ..payloads import adamw, ce_datum
+from ..payloads import adamw, ce_datum, loss_body
 from ..registry import CheckFailed, CheckWarning, check
-from ..wire import Reply
 
 _RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]00:00)$")
 
@@ -202,28 +200,23 @@ def life5_run_view(ctx: Ctx) -> None:
 def life6_finish(ctx: Ctx) -> None:
     run = ctx.run()
     run.forward([ce_datum(ctx.tokens("fin"))], backward=True)
-    held: dict[str, Reply] = {}
     gap_seq = run.seq + 2
-    thread = threading.Thread(target=lambda: held.setdefault("reply", run.prim(
-        "optim_step", {"adamw": adamw()}, seq=gap_seq, expect=None)))
-    thread.start()
-    time.sleep(ctx.hold_pause())
-    was_held = thread.is_alive()
+    held = ctx.hold(lambda: run.prim("optim_step", {"adamw": adamw()}, seq=gap_seq,
+                                     expect=None))
     view = expect_status(ctx.wire.call("POST", f"/runs/{run.id}/finish", {}), 200,
                          what="finish").body
-    thread.join(timeout=30)
+    held_reply = held.result()
     op = expect_status(ctx.wire.call("GET", f"/runs/{run.id}/operations/1"), 200).body
     if op.get("status") != "completed":
         raise CheckFailed(f"operation 1 before finish is {op}")
     again = expect_status(ctx.wire.call("POST", f"/runs/{run.id}/finish", {}), 200).body
     if again != view:
         raise CheckFailed(f"finish on a finished run changed it: {view} -> {again}")
-    if not was_held:
-        raise CheckWarning("held-request clause inconclusive: the server answered a seq ahead "
-                           f"of its turn at once ({held['reply'].describe()}; see ORD-2)")
+    if not held.was_held:
+        raise held.not_held("the held-request clause")
     if view.get("state") != "finished" or view.get("next_seq") != 2:
         raise CheckFailed(f"finish view {view}: expected state finished, next_seq 2")
-    expect_status(held["reply"], 409, "run_not_active", what="request held behind a gap when "
+    expect_status(held_reply, 409, "run_not_active", what="request held behind a gap when "
                   "the run finished")
 
 
@@ -248,24 +241,17 @@ def life7_cancel(ctx: Ctx) -> None:
         raise CheckFailed(f"cancelled run ended {idle.view.get('state')!r}")
 
     busy = ctx.run()
-    held: dict[str, Reply] = {}
-    thread = threading.Thread(target=lambda: held.setdefault("reply", busy.prim(
-        "forward", {"loss_function": "cross_entropy", "loss_config": {},
-                    "data": [ce_datum(ctx.tokens("held"))]}, seq=3, expect=None)))
-    thread.start()
-    time.sleep(ctx.hold_pause())
-    was_held = thread.is_alive()
+    held = ctx.hold(lambda: busy.prim("forward", loss_body([ce_datum(ctx.tokens("held"))]),
+                                      seq=3, expect=None))
     expect_status(ctx.wire.call("POST", f"/runs/{busy.id}/cancel", {}), 202,
                   what="cancel with a held request")
-    thread.join(timeout=30)
+    held_reply = held.result()
     busy.wait_terminal()
-    busy.prim("forward", {"loss_function": "cross_entropy", "loss_config": {},
-                          "data": [ce_datum(ctx.tokens("late"))]},
+    busy.prim("forward", loss_body([ce_datum(ctx.tokens("late"))]),
               expect=(409, "run_not_active"))
-    if not was_held:
-        raise CheckWarning("held-request clause inconclusive: the server answered a seq ahead "
-                           f"of its turn at once ({held['reply'].describe()}; see ORD-2)")
-    expect_status(held["reply"], 409, "run_cancelled", what="request held when the run was "
+    if not held.was_held:
+        raise held.not_held("the held-request clause")
+    expect_status(held_reply, 409, "run_cancelled", what="request held when the run was "
                   "cancelled")
 
 
@@ -277,8 +263,7 @@ def _terminal_unchanged(ctx: Ctx, run: RunHandle) -> None:
         if reply.body != view:
             raise CheckFailed(f"{action} on a {view['state']} run changed it: {view} -> "
                               f"{reply.body}")
-    run.prim("forward_backward", {"loss_function": "cross_entropy", "loss_config": {},
-                                  "data": [ce_datum(ctx.tokens("xy"))]},
+    run.prim("forward_backward", loss_body([ce_datum(ctx.tokens("xy"))]),
              expect=(409, "run_not_active"))
     if run.get() != view:
         raise CheckFailed(f"a primitive on a {view['state']} run changed it")

@@ -97,21 +97,21 @@ def check_loss_value(ctx: Ctx, run: RunHandle, loss: str, data: list[dict[str, A
 
 
 def probe_effect(ctx: Ctx, seed: int, accumulate: Callable[[RunHandle], Any],
-                 probe: list[dict[str, Any]]) -> tuple[dict[str, Any], list[float], list[float]]:
+                 probe: list[int]) -> tuple[dict[str, Any], list[float], list[float]]:
     """Fresh run: ``accumulate`` gradients, take PROBE_STEP; (step result, logprobs of
     ``probe`` before, after)."""
     run = ctx.run(seed=seed)
-    before = run.forward(probe)["outputs"][0]["logprobs"]
+    before = run.score(probe)
     accumulate(run)
     result = run.step(**PROBE_STEP)
-    after = run.forward(probe)["outputs"][0]["logprobs"]
+    after = run.score(probe)
     return result, before, after
 
 
 def assert_same_gradient(ctx: Ctx, what: str, seed: int, subject: Callable[[RunHandle], Any],
                          reference: Callable[[RunHandle], Any]) -> None:
     """Two fresh runs, same seed: ``subject`` and ``reference`` must accumulate one gradient."""
-    probe = [ce_datum(ctx.tokens("gradient probe text"))]
+    probe = ctx.tokens("gradient probe text")
     got, before, got_after = probe_effect(ctx, seed, subject, probe)
     exp, _, exp_after = probe_effect(ctx, seed, reference, probe)
     tol = ctx.tol
@@ -233,7 +233,7 @@ def grad1_accumulate(ctx: Ctx) -> None:
     if not ctx.has_loss("importance_sampling"):
         return
     tokens = ctx.tokens("mixed losses")
-    p = ctx.run(seed=55).forward([ce_datum(tokens)])["outputs"][0]["logprobs"]
+    p = ctx.run(seed=55).score(tokens)
     rl = rl_datum(tokens, p, [-1.0] * len(p))
     # At r = 1, importance_sampling with A = -1 has dloss/dp = +1: the opposite of cross_entropy
     # with weight 1, so the two accumulate to (almost) nothing but a weight-2 datum.

@@ -92,12 +92,12 @@ def opt1_explicit(ctx: Ctx) -> None:
 @check("OPT-2", "bias-correction", title="a first AdamW step does not depend on beta1/beta2 "
        "(torch's bias-corrected moments)")
 def opt2_bias_correction(ctx: Ctx) -> None:
-    probe = [ce_datum(ctx.tokens("after the step"))]
+    probe = ctx.tokens("after the step")
     results = []
     for beta1, beta2 in ((0.9, 0.999), (0.5, 0.9), (0.0, 0.0)):
         run = _fresh_with_grad(ctx)
         step = run.step(beta1=beta1, beta2=beta2)
-        results.append((beta1, beta2, step, run.forward(probe)["outputs"][0]["logprobs"]))
+        results.append((beta1, beta2, step, run.score(probe)))
     _, _, base, base_lp = results[0]
     for beta1, beta2, step, lp in results[1:]:
         what = f"first step with betas ({beta1}, {beta2}) vs (0.9, 0.999)"
@@ -147,16 +147,16 @@ def opt2_weight_decay(ctx: Ctx) -> None:
        "to sqrt(v̂), not inside the root")
 def opt2_eps(ctx: Ctx) -> None:
     grad_norm = calibrate(ctx)
-    probe = [ce_datum(ctx.tokens("after the step"))]
+    probe = ctx.tokens("after the step")
     eps = 1e-3 * grad_norm
     single = ctx.run(seed=SEED)
     single.forward(_data(ctx), backward=True)
     a = single.step(eps=eps)
-    a_lp = single.forward(probe)["outputs"][0]["logprobs"]
+    a_lp = single.score(probe)
     scaled = ctx.run(seed=SEED)
     scaled.forward(_data(ctx) * 4, backward=True)
     b = scaled.step(eps=4 * eps)
-    b_lp = scaled.forward(probe)["outputs"][0]["logprobs"]
+    b_lp = scaled.score(probe)
     assert_close(b["grad_norm"], 4 * a["grad_norm"], 0.0, "grad_norm of the batch sent 4 times",
                  rel=1e-6 + ctx.tol)
     assert_close(b["update_norm"], a["update_norm"], 0.0, "update_norm of (4g, 4eps) vs "

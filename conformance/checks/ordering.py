@@ -8,14 +8,13 @@ import time
 from typing import Any
 
 from ..context import Ctx, RunHandle, assert_close, assert_json_close, expect_status
-from ..payloads import adamw, ce_datum
+from ..payloads import adamw, ce_datum, loss_body
 from ..registry import CheckFailed, CheckWarning, check
 from ..wire import NO_AUTH, Reply
 
 
 def _fb(ctx: Ctx, text: str) -> dict[str, Any]:
-    return {"loss_function": "cross_entropy", "loss_config": {},
-            "data": [ce_datum(ctx.tokens(text))]}
+    return loss_body([ce_datum(ctx.tokens(text))])
 
 
 def _pipeline(ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
@@ -186,8 +185,7 @@ def ord3_held_duplicate(ctx: Ctx) -> None:
        "included) gets 409 seq_conflict and is not recorded")
 def ord3_conflict(ctx: Ctx) -> None:
     run = ctx.run()
-    body = {"loss_function": "cross_entropy", "loss_config": {},
-            "data": [ce_datum(ctx.tokens("abc"), weights=[1, 2])]}
+    body = loss_body([ce_datum(ctx.tokens("abc"), weights=[1, 2])])
     first = run.prim("forward_backward", body)
     other = _fb(ctx, "different")
     run.prim("forward_backward", other, seq=1, expect=(409, "seq_conflict"))
@@ -206,8 +204,7 @@ def ord4_refused(ctx: Ctx) -> None:
     run = ctx.run()
     seq = run.seq
     run.prim("forward", raw=b'{"seq": %d, ' % seq, expect=400)
-    run.prim("forward", {"loss_function": "cross_entropy", "loss_config": {}, "data": [
-        ce_datum([1, ctx.vocab])]}, expect=422)
+    run.prim("forward", loss_body([ce_datum([1, ctx.vocab])]), expect=422)
     run.prim("forward", _fb(ctx, "no key"), auth=NO_AUTH, expect=401)
     expect_status(ctx.wire.call("POST", f"/runs/{run.id}nope/forward", {"seq": seq,
                                                                         **_fb(ctx, "x")}), 404)

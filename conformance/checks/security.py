@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..context import Ctx, RunHandle, expect_status
-from ..payloads import ce_datum
+from ..payloads import adamw, ce_datum, loss_body
 from ..registry import CheckFailed, CheckUnsupported, Level, check
 from ..wire import NO_AUTH, SECOND, Reply
 
@@ -26,8 +26,7 @@ def sec1_bearer(ctx: Ctx) -> None:
     run = ctx.run()
     run.forward([ce_datum(ctx.tokens("ab"))])
     before = run.get()
-    body = {"seq": run.seq, "loss_function": "cross_entropy", "loss_config": {},
-            "data": [ce_datum(ctx.tokens("abc"))]}
+    body = {"seq": run.seq, **loss_body([ce_datum(ctx.tokens("abc"))])}
     targets: list[tuple[str, str, Any]] = [
         ("GET", "/capabilities", None),
         ("POST", "/sessions", {"metadata": ctx.tag()}),
@@ -40,8 +39,7 @@ def sec1_bearer(ctx: Ctx) -> None:
     ]
     for label, kwargs in _bad_authorizations(ctx):
         for method, path, payload in targets:
-            reply = (ctx.wire.call(method, path, payload, **kwargs) if payload is not None
-                     else ctx.wire.call(method, path, **kwargs))
+            reply = ctx.wire.call(method, path, payload, **kwargs)
             expect_status(reply, 401, what=f"{method} {path} with {label}")
     after = run.get()
     if after != before:
@@ -96,30 +94,27 @@ def sec2_foreign(ctx: Ctx) -> None:
     before_run, before_session = run.get(), ctx.wire.call("GET", f"/sessions/{sid}").body
     fake_sid, fake_rid = f"{sid}0nope", f"{rid}0nope"
     datum = ce_datum(ctx.tokens("foreign"))
-    fwd = {"seq": run.seq, "loss_function": "cross_entropy", "loss_config": {}, "data": [datum]}
-    probes: list[tuple[str, str, str, Any]] = [
-        ("GET", "/sessions/{s}", "", None),
-        ("POST", "/sessions/{s}/heartbeat", "", {}),
-        ("POST", "/sessions/{s}/close", "", {}),
-        ("POST", "/sessions/{s}/runs", "", ctx.run_body()),
-        ("GET", "/runs/{r}", "", None),
-        ("POST", "/runs/{r}/forward_backward", "", fwd),
-        ("POST", "/runs/{r}/optim_step", "", {"seq": run.seq, "adamw": {
-            "learning_rate": 0.1, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
-            "weight_decay": 0.0, "grad_clip_norm": 0.0}}),
-        ("POST", "/runs/{r}/finish", "", {}),
-        ("POST", "/runs/{r}/cancel", "", {}),
-        ("GET", "/runs/{r}/operations/1", "", None),
+    fwd = {"seq": run.seq, **loss_body([datum])}
+    probes: list[tuple[str, str, Any]] = [
+        ("GET", "/sessions/{s}", None),
+        ("POST", "/sessions/{s}/heartbeat", {}),
+        ("POST", "/sessions/{s}/close", {}),
+        ("POST", "/sessions/{s}/runs", ctx.run_body()),
+        ("GET", "/runs/{r}", None),
+        ("POST", "/runs/{r}/forward_backward", fwd),
+        ("POST", "/runs/{r}/optim_step", {"seq": run.seq, "adamw": adamw(learning_rate=0.1)}),
+        ("POST", "/runs/{r}/finish", {}),
+        ("POST", "/runs/{r}/cancel", {}),
+        ("GET", "/runs/{r}/operations/1", None),
     ]
     if "export_id" in ids:
         probes.append(("GET", "/runs/{r}/exports/" + ids["export_id"] + "/" + ids["export_file"],
-                       "", None))
-    for method, template, _, payload in probes:
+                       None))
+    for method, template, payload in probes:
         real = template.format(s=sid, r=rid)
         fake = template.format(s=fake_sid, r=fake_rid)
-        call = (lambda path: ctx.wire.call(method, path, payload, auth=SECOND)) \
-            if payload is not None else (lambda path: ctx.wire.call(method, path, auth=SECOND))
-        _same_as_missing(call(real), call(fake), f"{method} {template}")
+        _same_as_missing(ctx.wire.call(method, real, payload, auth=SECOND),
+                         ctx.wire.call(method, fake, payload, auth=SECOND), f"{method} {template}")
     if "checkpoint_id" in ids:
         other = ctx.run(auth=SECOND)
         foreign = other.prim("load_state", {"checkpoint_id": ids["checkpoint_id"],

@@ -28,8 +28,7 @@ def transport1_echo(ctx: Ctx) -> None:
         request_id = f"conformance-{ctx.run_tag}-{i}"
         kwargs = dict(extra)
         kwargs.setdefault("headers", {})["X-Request-Id"] = request_id
-        reply = (ctx.wire.call(method, path, body, **kwargs) if body is not None
-                 else ctx.wire.call(method, path, **kwargs))
+        reply = ctx.wire.call(method, path, body, **kwargs)
         echoed = reply.headers.get("x-request-id")
         if echoed != request_id:
             raise CheckFailed(f"{reply.describe()}: X-Request-Id {echoed!r}, sent {request_id!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..context import Ctx, RunHandle, assert_close
-from ..payloads import ce_datum, sampling
+from ..payloads import sampling
 from ..registry import CheckFailed, CheckWarning, check
 
 
@@ -19,9 +19,8 @@ def _logprobs(run: RunHandle, version: int, token_ids: list[int]) -> dict[str, A
     return run.body("logprobs", {"version": version, "token_ids": token_ids})
 
 
-def _train(ctx: Ctx, run: RunHandle, text: str, lr: float = 0.05) -> None:
-    run.forward([ce_datum(ctx.tokens(text))], backward=True)
-    run.step(learning_rate=lr)
+def _train(ctx: Ctx, run: RunHandle, text: str) -> None:
+    run.train(ctx.tokens(text), learning_rate=0.05)
 
 
 def _names(ctx: Ctx, reply: dict[str, Any], version: int, step: int, what: str) -> None:
@@ -66,16 +65,16 @@ def ver2_immutable(ctx: Ctx) -> None:
     run = ctx.run()
     prompt = ctx.tokens("Hi")
     scored = ctx.tokens("Hi there")
-    probe = [ce_datum(scored)]
+
     _names(ctx, run.save(0), 0, 0, "save_weights_for_sampler(0)")
-    before = run.forward(probe)["outputs"][0]["logprobs"]
+    before = run.score(scored)
     sample0 = _sample(run, 0, prompt, seed=11)
     _names(ctx, sample0, 0, 0, "sample at version 0")
     lp0 = None
     if ctx.has_primitive("logprobs"):
         lp0 = _logprobs(run, 0, scored)
         _names(ctx, lp0, 0, 0, "logprobs at version 0")
-    after = run.forward(probe)["outputs"][0]["logprobs"]
+    after = run.score(scored)
     assert_close(after, before, ctx.tol, "training-weight logprobs after sample/logprobs")
     _train(ctx, run, "shift the weights")
     _names(ctx, run.save(1), 1, 1, "save_weights_for_sampler(1)")
@@ -125,7 +124,7 @@ def ver3_sampler_logprobs(ctx: Ctx) -> None:
                 continue
             what = f"sample({params}) sequence {i}"
             full = prompt + tokens
-            fwd = run.forward([ce_datum(full)])["outputs"][0]["logprobs"]
+            fwd = run.score(full)
             assert_close(lps, fwd[len(prompt) - 1:], ctx.tol,
                          f"{what}: sampler logprobs vs forward")
             if ctx.has_primitive("logprobs"):
