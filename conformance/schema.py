@@ -6,15 +6,23 @@ repository's ``openapi.yaml`` (the path the product promises) is a relative syml
 (``tests/test_conformance_schema.py`` checks both). ``--openapi PATH`` points the suite at
 another file (for example a newer contract under review).
 
+Profiles (:data:`PROFILES`): ``contract`` validates against the file as it is: response objects
+open to extra fields, ``error.type`` free except where a rule names it (EXT-1). ``strict``
+validates against the same file with ``strict.yaml`` applied over it (:func:`strict_document`):
+closed response objects, the mock's error vocabulary per response, its ``details`` keys,
+``Whitney-Replayed`` only ever ``true``. The overlay is the only place those shapes live.
+
 Validation of one response (:meth:`OpenAPI.validate_response`): the operation must be
 documented for the method and path; the status must be documented (exact code, then ``4XX``
 style ranges, then ``default``); documented required headers must be present; a JSON body must
 be declared with a JSON media type and match the schema (JSON Schema 2020-12, local ``$ref``
-resolved through a ``referencing`` registry that holds the whole document).
+resolved through a ``referencing`` registry that holds the whole document); under ``strict``,
+``error.type`` must also be among the response's ``x-error-types``.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -29,11 +37,16 @@ import referencing
 import yaml
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["OpenAPI", "CONTRACT_RESOURCE", "contract_bytes"]
+__all__ = ["OpenAPI", "CONTRACT_RESOURCE", "STRICT_RESOURCE", "PROFILES", "contract_bytes",
+           "strict_overlay", "strict_document"]
 
 CONTRACT_RESOURCE = "openapi.yaml"  # package data of ``conformance``: the one copy
+STRICT_RESOURCE = "strict.yaml"  # the strict profile's overlay on it
+PROFILES = ("contract", "strict")
 _PACKAGED_SOURCE = f"{__package__}/{CONTRACT_RESOURCE} (package data)"
 _DOC_URI = "urn:whitney-openapi"
+_API_PREFIX = "/v1/training"
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def contract_bytes() -> bytes:
@@ -41,8 +54,96 @@ def contract_bytes() -> bytes:
     return resources.files(__package__).joinpath(CONTRACT_RESOURCE).read_bytes()
 
 
+def strict_overlay() -> dict[str, Any]:
+    """``strict.yaml``, the strict profile's overlay (package data)."""
+    data = resources.files(__package__).joinpath(STRICT_RESOURCE).read_bytes()
+    overlay: dict[str, Any] = yaml.load(data, Loader=_Loader)
+    return overlay
+
+
 def _escape(segment: str) -> str:
     return segment.replace("~", "~0").replace("/", "~1")
+
+
+def _split(pointer: str) -> list[str]:
+    if not pointer.startswith("/"):
+        raise ValueError(f"not a JSON pointer: {pointer!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in pointer[1:].split("/")]
+
+
+def _at(document: Any, pointer: str) -> Any:
+    node = document
+    for part in _split(pointer):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(f"strict overlay: {pointer} is not in the document") from None
+    return node
+
+
+def _close_objects(node: Any, schemas: dict[str, Any], seen: set[str]) -> None:
+    """``additionalProperties: false`` on every ``type: object`` schema under ``node`` that
+    declares ``properties`` and leaves ``additionalProperties`` unsaid. Conditions
+    (if/then/else/not) and partial refinements without a ``type`` are not shapes."""
+    if isinstance(node, list):
+        for item in node:
+            _close_objects(item, schemas, seen)
+        return
+    if not isinstance(node, dict):
+        return
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+        name = ref.rsplit("/", 1)[-1]
+        if name not in seen:
+            seen.add(name)
+            _close_objects(schemas[name], schemas, seen)
+        return
+    kind = node.get("type")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+    if is_object and "properties" in node and "additionalProperties" not in node:
+        node["additionalProperties"] = False
+    for key, value in node.items():
+        if key not in ("if", "then", "else", "not", "examples", "example", "const", "enum"):
+            _close_objects(value, schemas, seen)
+
+
+def strict_document(document: dict[str, Any],
+                    overlay: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of ``document`` with the strict overlay (default: ``strict.yaml``) applied."""
+    overlay = strict_overlay() if overlay is None else overlay
+    doc = copy.deepcopy(document)
+    for patch in overlay.get("patches") or []:
+        op = next(k for k in ("set", "merge", "extend") if k in patch)
+        pointer, value = patch[op], copy.deepcopy(patch["value"])
+        if op == "set":
+            *parents, leaf = _split(pointer)
+            parent = _at(doc, "/" + "/".join(_escape(p) for p in parents)) if parents else doc
+            parent[leaf] = value
+        elif op == "merge":
+            _at(doc, pointer).update(value)
+        else:
+            _at(doc, pointer).extend(value)
+    for pointer, types in (overlay.get("error_types") or {}).items():
+        response = _at(doc, pointer)
+        response["x-error-types"] = list(response.get("x-error-types") or []) + list(types)
+    if overlay.get("close_response_objects"):
+        schemas = doc.get("components", {}).get("schemas", {})
+        responses = doc.get("components", {}).get("responses", {})
+        seen: set[str] = set()
+        for path, item in doc["paths"].items():
+            if not path.startswith(_API_PREFIX):
+                continue  # the mock's control plane is not the contract
+            for op_ in item.values():
+                if not isinstance(op_, dict):
+                    continue
+                for response in (op_.get("responses") or {}).values():
+                    ref = response.get("$ref") if isinstance(response, dict) else None
+                    if isinstance(ref, str):
+                        response = responses[ref.rsplit("/", 1)[-1]]
+                    for media in (response.get("content") or {}).values():
+                        _close_objects(media.get("schema"), schemas, seen)
+    doc["x-profile"] = "strict"
+    return doc
 
 
 @dataclass(frozen=True)
@@ -55,22 +156,23 @@ class _PathTemplate:
 class OpenAPI:
     """A loaded contract document plus response validation."""
 
-    def __init__(self, document: dict[str, Any], source: str) -> None:
+    def __init__(self, document: dict[str, Any], source: str, profile: str = "contract") -> None:
         if not isinstance(document, dict) or "paths" not in document:
             raise ValueError(f"{source}: not an OpenAPI document (no 'paths')")
-        self.document = document
+        if profile not in PROFILES:
+            raise ValueError(f"unknown profile {profile!r} (one of {', '.join(PROFILES)})")
+        self.document = strict_document(document) if profile == "strict" else document
         self.source = source
+        self.profile = profile
         self.prefix = self._server_prefix(document)
         self._templates = [self._compile(t) for t in document["paths"]]
-        resource = DRAFT202012.create_resource(document)
+        resource = DRAFT202012.create_resource(self.document)
         self._registry = referencing.Registry().with_resource(_DOC_URI, resource)
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "OpenAPI":
-        """The packaged contract, or the document at ``path``."""
-        if path is None:
-            return _load_cached(None)
-        return _load_cached(str(Path(path).resolve()))
+    def load(cls, path: str | Path | None = None, *, profile: str = "contract") -> "OpenAPI":
+        """The packaged contract, or the document at ``path``, as ``profile`` reads it."""
+        return _load_cached(None if path is None else str(Path(path).resolve()), profile)
 
     @staticmethod
     def _server_prefix(document: dict[str, Any]) -> str:
@@ -188,7 +290,7 @@ class OpenAPI:
         except orjson.JSONDecodeError as exc:
             problems.append(f"{method} {template} {status}: body is not JSON ({exc})")
             return problems
-        allowed = response.get("x-error-types")
+        allowed = response.get("x-error-types") if self.profile == "strict" else None
         if isinstance(allowed, list) and isinstance(instance, dict) and isinstance(
                 instance.get("error"), dict) and instance["error"].get("type") not in allowed:
             problems.append(f"{method} {template} {status}: error.type "
@@ -226,9 +328,10 @@ class OpenAPI:
 
 
 @lru_cache(maxsize=8)
-def _load_cached(path: str | None) -> OpenAPI:
+def _load_cached(path: str | None, profile: str) -> OpenAPI:
     if path is None:
-        return OpenAPI(yaml.safe_load(contract_bytes()), source=_PACKAGED_SOURCE)
+        document = yaml.load(contract_bytes(), Loader=_Loader)
+        return OpenAPI(document, source=_PACKAGED_SOURCE, profile=profile)
     with open(path, "rb") as handle:
-        document = yaml.safe_load(handle)
-    return OpenAPI(document, source=path)
+        document = yaml.load(handle, Loader=_Loader)
+    return OpenAPI(document, source=path, profile=profile)

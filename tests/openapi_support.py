@@ -1,6 +1,7 @@
 """Shared ground of ``test_openapi_spec.py`` and ``test_openapi_ranges.py``: where the YAML and
-the prose contract (``whitney-contract.md``) are, the module-scoped fixtures that load them, and
-walks over the document (operations, responses, ``$ref``s, 2020-12 validators at a pointer).
+the prose contract (``whitney-contract.md``) are, the module-scoped fixtures that load them (the
+contract as written, and as the ``strict`` profile reads it: ``strict.yaml`` applied over it),
+and walks over the document (operations, responses, ``$ref``s, 2020-12 validators at a pointer).
 
 Test modules import the fixtures by name (``from openapi_support import spec, ...``) so pytest
 finds them there; this module is not collected (no ``test_`` prefix).
@@ -20,7 +21,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from conformance.schema import contract_bytes
+from conformance.schema import contract_bytes, strict_document
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT_CANDIDATES = [
@@ -44,6 +45,17 @@ def spec_text() -> str:
 @pytest.fixture(scope="module")
 def spec(spec_text: str) -> dict[str, Any]:
     return yaml.load(spec_text, Loader=Loader)
+
+
+@pytest.fixture(scope="module")
+def strict_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The document the strict profile validates against (the mock's exact shapes)."""
+    return strict_document(spec)
+
+
+@pytest.fixture(scope="module")
+def strict_registry(strict_spec: dict[str, Any]) -> Registry:
+    return Registry().with_resource(BASE_URI, DRAFT202012.create_resource(strict_spec))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 import conformance
-from conformance.schema import CONTRACT_RESOURCE, OpenAPI, contract_bytes
+from conformance.schema import CONTRACT_RESOURCE, STRICT_RESOURCE, OpenAPI, contract_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,6 +24,11 @@ JSON = {"content-type": "application/json", "x-request-id": "r1"}
 @pytest.fixture(scope="module")
 def spec() -> OpenAPI:
     return OpenAPI.load()
+
+
+@pytest.fixture(scope="module")
+def strict() -> OpenAPI:
+    return OpenAPI.load(profile="strict")
 
 
 def test_there_is_one_contract_file() -> None:
@@ -38,6 +43,15 @@ def test_there_is_one_contract_file() -> None:
     copies = [p for p in REPO.rglob("openapi*.y*ml")
               if ".git" not in p.parts and not p.is_symlink()]
     assert copies == [packaged], copies
+
+
+def test_contract_and_overlay_ship_as_package_data() -> None:
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    shipped = config["tool"]["setuptools"]["package-data"]["conformance"]
+    assert {CONTRACT_RESOURCE, STRICT_RESOURCE} <= set(shipped)
+    assert resources.files("conformance").joinpath(STRICT_RESOURCE).is_file()
 
 
 def test_the_contract_is_read_as_package_data_from_any_folder(tmp_path: Path) -> None:
@@ -68,30 +82,55 @@ def test_a_conforming_response_has_no_problem(spec: OpenAPI) -> None:
     (lambda v: v.pop("next_seq"), "next_seq"),
     (lambda v: v.update(step="0"), "step"),
     (lambda v: v.update(state="paused"), "state"),
-    (lambda v: v.update(invented=1), "invented"),
 ])
-def test_body_problems_are_reported(spec: OpenAPI, mutate, expected: str) -> None:  # noqa: ANN001
+def test_body_problems_are_reported(spec: OpenAPI, strict: OpenAPI, mutate,  # noqa: ANN001
+                                    expected: str) -> None:
     view = dict(RUN_VIEW)
     mutate(view)
-    problems = spec.validate_response("GET", "/runs/run_1", 200, JSON, orjson.dumps(view))
-    assert problems and any(expected in p for p in problems), problems
+    for profile in (spec, strict):
+        problems = profile.validate_response("GET", "/runs/run_1", 200, JSON, orjson.dumps(view))
+        assert problems and any(expected in p for p in problems), problems
+
+
+def test_extra_response_fields_are_strict_only(spec: OpenAPI, strict: OpenAPI) -> None:
+    """EXT-1: a run view with a field the contract does not define is legal; the strict
+    profile (the mock's exact shapes) reports it."""
+    body = orjson.dumps({**RUN_VIEW, "base_model": "whitney-mock/tiny-byte"})
+    assert spec.validate_response("GET", "/runs/run_1", 200, JSON, body) == []
+    problems = strict.validate_response("GET", "/runs/run_1", 200, JSON, body)
+    assert problems and "base_model" in problems[0], problems
+
+
+def test_profiles_read_one_file() -> None:
+    """The strict document is the contract file with the overlay applied, not another file."""
+    from conformance.schema import strict_document
+
+    assert OpenAPI.load(profile="strict").document == strict_document(OpenAPI.load().document)
+    with pytest.raises(ValueError, match="unknown profile"):
+        OpenAPI.load(profile="lenient")
 
 
 def test_undocumented_status_and_missing_header(spec: OpenAPI) -> None:
     envelope = orjson.dumps({"error": {"type": "forbidden", "message": "m", "details": {}}})
     problems = spec.validate_response("GET", "/runs/run_1", 403, JSON, envelope)
     assert len(problems) == 1 and "403 not documented" in problems[0]
+    assert spec.validate_response("GET", "/runs/run_1", 404, JSON, orjson.dumps(
+        {"error": {"type": "not_found", "message": "m"}}))  # ERR-1: details is required
     problems = spec.validate_response("GET", "/runs/run_1", 200,
                                       {"content-type": "application/json"}, orjson.dumps(RUN_VIEW))
     assert any("X-Request-Id" in p for p in problems), problems
 
 
-def test_error_type_must_be_listed_for_the_status(spec: OpenAPI) -> None:
+def test_error_type_is_listed_for_the_status_under_strict_only(spec: OpenAPI,
+                                                                strict: OpenAPI) -> None:
+    """EXT-1: the contract names no type for "no such run", so any type is legal there; the
+    strict profile wants the mock's ``not_found``."""
     listed = orjson.dumps({"error": {"type": "not_found", "message": "m", "details": {}}})
-    unlisted = orjson.dumps({"error": {"type": "seq_gap", "message": "m",
-                                       "details": {"expected_seq": 1}}})
+    unlisted = orjson.dumps({"error": {"type": "run_not_found", "message": "m", "details": {}}})
     assert spec.validate_response("GET", "/runs/run_1", 404, JSON, listed) == []
-    problems = spec.validate_response("GET", "/runs/run_1", 404, JSON, unlisted)
+    assert spec.validate_response("GET", "/runs/run_1", 404, JSON, unlisted) == []
+    assert strict.validate_response("GET", "/runs/run_1", 404, JSON, listed) == []
+    problems = strict.validate_response("GET", "/runs/run_1", 404, JSON, unlisted)
     assert any("x-error-types" in p for p in problems), problems
 
 

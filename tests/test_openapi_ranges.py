@@ -16,7 +16,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry
 
-from openapi_support import pointer, registry, spec, spec_text, validator_at  # noqa: F401
+from openapi_support import (pointer, registry, spec, spec_text,  # noqa: F401
+                             strict_registry, strict_spec, validator_at)
 
 
 # ------------------------------------------------------------ schemas behave as the contract says
@@ -146,24 +147,31 @@ def test_operation_record_pairs_result_with_its_primitive(spec: dict[str, Any],
                                "result": ckpt})
 
 
-def test_error_envelope_details_by_type(registry: Registry) -> None:
-    """ERR-1 shape; the lead's details conventions for validation_error, seq_gap (ORD-2) ..."""
-    validator = validator_at(registry, "/components/schemas/Error")
+def env(type_: str, details: dict[str, Any]) -> dict[str, Any]:
+    return {"error": {"type": type_, "message": "m", "details": details}}
 
-    def env(type_: str, details: dict[str, Any]) -> dict[str, Any]:
-        return {"error": {"type": type_, "message": "m", "details": details}}
 
-    assert validator.is_valid(env("run_not_active", {}))
-    assert validator.is_valid(env("seq_gap", {"expected_seq": 3}))
-    assert not validator.is_valid(env("seq_gap", {}))
-    assert validator.is_valid(env("validation_error",
-                                  {"errors": [{"loc": ["adamw", "eps"], "msg": "> 0"}]}))
-    assert not validator.is_valid(env("validation_error", {"loc": "adamw.eps"}))
-    assert validator.is_valid(env("unknown_field", {"fields": ["adamw.grad_clip"]}))
-    assert not validator.is_valid(env("limit_exceeded", {}))
-    assert not validator.is_valid({"error": {"type": "x", "message": "m"}})
-    assert not validator.is_valid({"error": {"type": "x", "message": "m", "details": {}},
-                                   "status": 409})
+def test_error_envelope_details_by_type(registry: Registry, strict_registry: Registry) -> None:
+    """ERR-1 shape. Contract (EXT-1): ``details`` holds the keys a rule names (``expected_seq``
+    of ``seq_gap``, ORD-2) and may hold more. Strict: the mock's conventions for
+    ``validation_error``, ``unknown_field``, ``limit_exceeded`` and ``quota_exceeded`` too."""
+    for validator in (validator_at(registry, "/components/schemas/Error"),
+                      validator_at(strict_registry, "/components/schemas/Error")):
+        assert validator.is_valid(env("run_not_active", {}))
+        assert validator.is_valid(env("seq_gap", {"expected_seq": 3, "held_ms": 1000}))
+        assert not validator.is_valid(env("seq_gap", {}))
+        assert validator.is_valid(env("validation_error",
+                                      {"errors": [{"loc": ["adamw", "eps"], "msg": "> 0"}]}))
+        assert validator.is_valid(env("unknown_field", {"fields": ["adamw.grad_clip"]}))
+        assert not validator.is_valid({"error": {"type": "x", "message": "m"}})
+        assert not validator.is_valid({"error": {"type": 3, "message": "m", "details": {}}})
+    contract = validator_at(registry, "/components/schemas/Error")
+    strict = validator_at(strict_registry, "/components/schemas/Error")
+    for legal in (env("validation_error", {"loc": "adamw.eps"}), env("limit_exceeded", {}),
+                  env("unknown_field", {"field": "ttl"}), env("Run-Not-Found", {}),
+                  {"error": {"type": "x", "message": "m", "details": {}, "code": 17}},
+                  {"error": {"type": "x", "message": "m", "details": {}}, "status": 409}):
+        assert contract.is_valid(legal) and not strict.is_valid(legal), legal
 
 
 def test_logprobs_result_only_the_first_entry_is_null(registry: Registry) -> None:
@@ -174,12 +182,16 @@ def test_logprobs_result_only_the_first_entry_is_null(registry: Registry) -> Non
     assert not validator.is_valid({"version": 0, "step": 0, "logprobs": [-1.0, -2.0]})
 
 
-def test_session_view_expires_at_is_nullable(registry: Registry) -> None:
-    """LIFE-1: ``expires_at`` is null without TTL; the view has exactly the contract's fields."""
+def test_session_view_expires_at_is_nullable(registry: Registry,
+                                             strict_registry: Registry) -> None:
+    """LIFE-1: ``expires_at`` is null without TTL. The view has the contract's fields; a server
+    may add more (EXT-1), the mock does not (strict)."""
     validator = validator_at(registry, "/components/schemas/Session")
+    strict = validator_at(strict_registry, "/components/schemas/Session")
     view = {"session_id": "s", "state": "open", "created_at": "2025-06-01T12:00:00Z",
             "expires_at": None, "metadata": {}}
-    assert validator.is_valid(view)
+    assert validator.is_valid(view) and strict.is_valid(view)
     assert not validator.is_valid({**view, "expires_at": "soon"})
-    assert not validator.is_valid({**view, "ttl_seconds": 60})
     assert not validator.is_valid({**view, "state": "active"})
+    assert validator.is_valid({**view, "ttl_seconds": 60})
+    assert not strict.is_valid({**view, "ttl_seconds": 60})

@@ -19,7 +19,13 @@ from openapi_spec_validator import validate as validate_openapi
 from referencing import Registry
 
 from openapi_support import (PRIMITIVES, contract, operations, pointer, registry,  # noqa: F401
-                             resolve, responses, spec, spec_text, validator_at)
+                             resolve, responses, spec, spec_text, strict_registry, strict_spec,
+                             validator_at)
+
+# The error names the prose contract never gives, which the mock uses (the strict profile's).
+MOCK_ERROR_TYPES = {"validation_error", "unauthorized", "not_found", "operation_not_found",
+                    "export_not_found", "rate_limited", "internal_error", "non_finite_loss",
+                    "non_finite_update", "checkpoint_incompatible"}
 
 
 # ----------------------------------------------------------------------------------- the document
@@ -86,13 +92,19 @@ def test_every_response_carries_x_request_id(spec: dict[str, Any]) -> None:
         assert header and header["required"] is True, (path, method, status)
 
 
-def test_primitive_success_responses_declare_whitney_replayed(spec: dict[str, Any]) -> None:
-    """ORD-3: a replay carries ``Whitney-Replayed: true``; recorded failures can be replayed."""
+def test_primitive_success_responses_declare_whitney_replayed(
+        spec: dict[str, Any], strict_spec: dict[str, Any]) -> None:
+    """ORD-3: a replay carries ``Whitney-Replayed: true``; recorded failures can be replayed.
+    EXT-1: any other value (or none) is not a replay, so the contract allows any string; the
+    strict profile (the mock) allows only ``true``."""
     for primitive in PRIMITIVES:
         op = spec["paths"][f"/v1/training/runs/{{run_id}}/{primitive}"]["post"]
         headers = resolve(spec, op["responses"]["200"])["headers"]
         header = resolve(spec, headers["Whitney-Replayed"])
-        assert header["schema"] == {"type": "string", "enum": ["true"]}
+        assert header["schema"] == {"type": "string"}
+        assert header["required"] is False
+    strict_header = strict_spec["components"]["headers"]["Whitney-Replayed"]
+    assert strict_header["schema"] == {"type": "string", "enum": ["true"]}
     recorded_failures = {"no_gradients", "version_conflict", "quota_exceeded",
                          "version_not_found", "checkpoint_not_found"}
     for path, _, status, response in responses(spec):
@@ -101,17 +113,22 @@ def test_primitive_success_responses_declare_whitney_replayed(spec: dict[str, An
             assert "Whitney-Replayed" in response["headers"], (path, status)
 
 
-def test_error_responses_use_the_one_error_envelope(spec: dict[str, Any]) -> None:
-    """ERR-1: every 4xx/5xx references ``Error`` and names its ``error.type`` values."""
+def test_error_responses_use_the_one_error_envelope(spec: dict[str, Any],
+                                                    strict_spec: dict[str, Any]) -> None:
+    """ERR-1: every 4xx/5xx references ``Error``; under the strict profile each also names the
+    ``error.type`` values the mock answers with."""
     for path, method, status, response in responses(spec):
         if status[0] not in "45":
             continue
         media = response["content"]["application/json"]
         assert media["schema"] == {"$ref": "#/components/schemas/Error"}, (path, status)
-        types = response.get("x-error-types")
-        assert types and all(re.fullmatch(r"[a-z][a-z0-9_]*", t) for t in types), (path, status)
         if status == "429":
             assert resolve(spec, response["headers"]["Retry-After"])["required"] is True
+    for path, method, status, response in responses(strict_spec):
+        if status[0] in "45":
+            types = response.get("x-error-types")
+            assert types and all(re.fullmatch(r"[a-z][a-z0-9_]*", t) for t in types), (path,
+                                                                                        status)
 
 
 def test_contract_statuses_are_documented_per_path(spec: dict[str, Any]) -> None:
@@ -132,24 +149,40 @@ def test_contract_statuses_are_documented_per_path(spec: dict[str, Any]) -> None
         assert "201" in spec["paths"][path]["post"]["responses"]
 
 
-def test_error_names_of_the_contract_are_documented_with_their_status(
-        spec: dict[str, Any], contract: str) -> None:
-    """Every ``<status> `name``` pair the contract spells out is in that status's x-error-types."""
+def contract_error_pairs(contract: str) -> set[tuple[str, str]]:
+    """The ``(status, error.type)`` pairs the prose contract spells out."""
     pairs = set(re.findall(r"\b(4\d\d)\s+`([a-z_]+)`", contract))
     pairs |= {("409", n) for n in re.findall(r"`run_not_active`/`(\w+)`/`(\w+)`", contract)[0]}
-    pairs |= {("422", "limit_exceeded"), ("401", "unauthorized"), ("429", "rate_limited")}
-    assert len(pairs) >= 18
+    return pairs | {("422", "limit_exceeded")}
+
+
+def test_error_names_of_the_contract_are_documented_with_their_status(
+        spec: dict[str, Any], strict_spec: dict[str, Any], contract: str) -> None:
+    """Every ``<status> `name``` pair the contract spells out is in that status's x-error-types;
+    the contract file names no other type (EXT-1), the mock's own come from the overlay."""
+    pairs = contract_error_pairs(contract)
+    assert len(pairs) >= 16
     documented = {(status, t) for _, _, status, r in responses(spec)
                   for t in r.get("x-error-types", [])}
     assert sorted(pairs - documented) == []
+    named = {t for _, t in pairs} | {"run_cancelled", "seq_conflict", "runs_not_terminal",
+                                     "session_not_open", "unexpected_input"}
+    in_contract = {t for path, _, _, r in responses(spec) if path.startswith("/v1/")
+                   for t in r.get("x-error-types", [])}
+    assert in_contract <= named, sorted(in_contract - named)
+    strict = {(status, t) for path, _, status, r in responses(strict_spec)
+              if path.startswith("/v1/") for t in r.get("x-error-types", [])}
+    assert {("401", "unauthorized"), ("429", "rate_limited"), ("404", "not_found"),
+            ("422", "validation_error")} <= strict
+    assert {t for _, t in strict} == in_contract | MOCK_ERROR_TYPES
 
 
-def test_response_objects_the_contract_defines_are_closed(spec: dict[str, Any]) -> None:
-    """A server that invents response fields is caught; only declared extension points stay
-    open (``metrics``, ``details``, PEFT's ``adapter_config.json``, the mock plane)."""
-    open_ok = {"ForwardMetrics", "AdapterConfig", "ValidationErrorDetails"}
-    schemas = spec["components"]["schemas"]
+def response_objects(document: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, schema) for every object schema with ``properties`` in a /v1/training response
+    (conditional sub-checks under if/then/else/not are not shapes)."""
+    schemas = document["components"]["schemas"]
     seen: set[str] = set()
+    found: list[tuple[str, dict[str, Any]]] = []
 
     def walk(node: Any, where: str) -> None:
         if isinstance(node, dict):
@@ -159,22 +192,45 @@ def test_response_objects_the_contract_defines_are_closed(spec: dict[str, Any]) 
                     seen.add(name)
                     walk(schemas[name], name)
                 return
-            if node.get("type") == "object" and "properties" in node \
-                    and where.split(".")[0] not in open_ok and not where.endswith(".details"):
-                assert node.get("additionalProperties") is False, where
+            if node.get("type") == "object" and "properties" in node:
+                found.append((where, node))
             for key, value in node.items():
-                if key not in ("if", "then", "else"):  # conditional sub-checks, not shapes
+                if key not in ("if", "then", "else", "not"):
                     walk(value, f"{where}.{key}")
         elif isinstance(node, list):
             for i, value in enumerate(node):
                 walk(value, f"{where}[{i}]")
 
-    for path, method, status, response in responses(spec):
+    for path, method, status, response in responses(document):
         if path.startswith("/v1/training/"):  # the mock plane is not the contract
             for media in response.get("content", {}).values():
                 walk(media["schema"], f"{method} {path} {status}")
     assert {"Session", "Run", "Capabilities", "OperationRecord", "ForwardResult",
             "SampleResult", "LogprobsResult", "ExportLoraResult", "Error"} <= seen
+    return iter(found)
+
+
+# Extension points open under both profiles: more metrics, PEFT's other config keys.
+OPEN_IN_BOTH = {"ForwardMetrics", "AdapterConfig"}
+
+
+def test_response_objects_are_open_in_the_contract(spec: dict[str, Any]) -> None:
+    """EXT-1: a server may add fields to any response object, so the contract closes none."""
+    objects = list(response_objects(spec))
+    assert len(objects) >= 30
+    closed = [where for where, node in objects if node.get("additionalProperties") is False]
+    assert closed == []
+
+
+def test_response_objects_are_closed_under_the_strict_profile(strict_spec: dict[str, Any]
+                                                              ) -> None:
+    """The mock invents no response field: under strict, every response object is closed but
+    the declared extension points (``metrics``, PEFT's ``adapter_config.json``)."""
+    for where, node in response_objects(strict_spec):
+        if where.split(".")[0] in OPEN_IN_BOTH:
+            assert node.get("additionalProperties") is not False, where
+        else:
+            assert node.get("additionalProperties") is False, where
 
 
 # ----------------------------------------------------------------------------------- requests
@@ -265,8 +321,8 @@ def backticked(line: str) -> list[str]:
     return re.findall(r"`([a-z_]+)`", line)
 
 
-def test_capabilities_schema_lists_exactly_the_disc_1_fields(spec: dict[str, Any],
-                                                             contract: str) -> None:
+def test_capabilities_schema_lists_exactly_the_disc_1_fields(
+        spec: dict[str, Any], strict_spec: dict[str, Any], contract: str) -> None:
     disc = contract[contract.index("DISC-1"):contract.index("DISC-2")]
     limits = backticked(disc[disc.index("`limits`"):disc.index("`features`")])[1:]
     features = backticked(disc[disc.index("`features`"):])[1:]
@@ -279,16 +335,20 @@ def test_capabilities_schema_lists_exactly_the_disc_1_fields(spec: dict[str, Any
                          ("Capabilities", top)]:
         assert sorted(schemas[name]["required"]) == sorted(fields), name
         assert sorted(schemas[name]["properties"]) == sorted(fields), name
-        assert schemas[name]["additionalProperties"] is False, name
+        assert "additionalProperties" not in schemas[name], name  # EXT-1
+        assert strict_spec["components"]["schemas"][name]["additionalProperties"] is False
     assert schemas["PrimitiveName"]["enum"] == PRIMITIVES
 
 
-def test_capabilities_loss_declarations_follow_loss_1_to_5(spec: dict[str, Any],
-                                                           registry: Registry) -> None:
-    """LOSS-1..5 inputs and config defaults are checked, in any order; bounds are the server's."""
+def test_capabilities_loss_declarations_follow_loss_1_to_5(
+        spec: dict[str, Any], registry: Registry, strict_registry: Registry) -> None:
+    """LOSS-1..5 inputs and config defaults are checked, in any order; bounds are the server's.
+    Additions (another loss, config key or feature) are legal (EXT-1) but not the mock's."""
     path = "/v1/training/capabilities"
-    validator = validator_at(registry, pointer("paths", path, "get", "responses", "200",
-                                               "content", "application/json", "schema"))
+    where = pointer("paths", path, "get", "responses", "200", "content", "application/json",
+                    "schema")
+    validator = validator_at(registry, where)
+    strict = validator_at(strict_registry, where)
     doc = spec["paths"][path]["get"]["responses"]["200"]["content"]["application/json"][
         "examples"]["mock"]["value"]
     assert validator.is_valid(doc)
@@ -297,17 +357,27 @@ def test_capabilities_loss_declarations_follow_loss_1_to_5(spec: dict[str, Any],
     assert validator.is_valid(swapped)
     subset = copy.deepcopy(doc)
     del subset["loss_functions"]["dro"]  # a server may declare a subset (DISC-2 protects)
-    assert validator.is_valid(subset)
+    assert validator.is_valid(subset) and strict.is_valid(subset)
     for mutate in (
         lambda d: d["loss_functions"]["cross_entropy"]["inputs"]["optional"].clear(),
         lambda d: d["loss_functions"]["cispo"]["config"]["clip_low_threshold"].update(
             default=0.7),
-        lambda d: d["loss_functions"]["dro"]["config"].update(gamma=d["loss_functions"]["dro"][
-            "config"]["beta"]),
-        lambda d: d["loss_functions"].update(grpo=d["loss_functions"]["ppo"]),
         lambda d: d["limits"].pop("order_wait_ms"),
-        lambda d: d["features"].update(streaming=True),
+        lambda d: d["loss_functions"].update(grpo={"inputs": {"required": []}, "config": {}}),
     ):
         bad = copy.deepcopy(doc)
         mutate(bad)
-        assert not validator.is_valid(bad)
+        assert not validator.is_valid(bad) and not strict.is_valid(bad)
+    for mutate in (
+        lambda d: d["loss_functions"]["dro"]["config"].update(gamma=d["loss_functions"]["dro"][
+            "config"]["beta"]),
+        lambda d: d["loss_functions"]["cross_entropy"]["config"].update(
+            label_smoothing={"default": 0.0, "min": 0.0, "max": 1.0}),
+        lambda d: d["loss_functions"].update(grpo=d["loss_functions"]["ppo"]),
+        lambda d: d["features"].update(streaming=True),
+        lambda d: d.update(server_version="2.3.1"),
+        lambda d: d["base_models"][0].update(family="tiny"),
+    ):
+        extended = copy.deepcopy(doc)
+        mutate(extended)
+        assert validator.is_valid(extended) and not strict.is_valid(extended)
