@@ -16,7 +16,7 @@ import orjson
 
 from mock_server import Backend
 from mock_server.backend import schemas
-from mock_server.engine.model import BASE_MODEL_ID
+from mock_server.engine.specs import BASE_MODEL_ID
 from mock_server.backend.primitives import prepare_forward
 
 from .core import Config, Row, interleave, make_row

@@ -17,7 +17,8 @@ import numpy as np
 import orjson
 
 from mock_server.backend import schemas
-from mock_server.engine.model import BASE_MODEL_ID, get_base_model
+from mock_server.engine.model import get_base_model
+from mock_server.engine.specs import BASE_MODEL_ID
 from mock_server.backend.primitives import prepare_forward
 
 from .body import backend_run

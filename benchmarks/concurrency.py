@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from grpo.helpers import forward_backward_payload, group_mean_advantages, rl_datum
-from mock_server.engine.model import BASE_MODEL_ID
+from mock_server.engine.specs import BASE_MODEL_ID
 
 from .core import Config, Row, make_row
 from .fixtures import ADAMW, API, AUTH, Server, sample_body, text_tokens

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from mock_server import create_app
-from mock_server.engine.model import BASE_MODEL_ID, BOS_TOKEN
+from mock_server.engine.specs import BASE_MODEL_ID, BOS_TOKEN
 
 API_KEY = "whitney-mock-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -7,9 +7,7 @@ import ipaddress
 import os
 import sys
 
-from .http.app import create_app
-
-DEFAULT_KEY = "whitney-mock-key"
+from .backend.config import API_PREFIX, DEFAULT_API_KEY
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8765, help="TCP port (default 8765; 0 = any)")
     parser.add_argument("--api-key", action="append", dest="api_keys", metavar="KEY",
                         help=f"accepted bearer key; repeat for several tenants "
-                             f"(default: $WHITNEY_MOCK_API_KEYS or {DEFAULT_KEY!r})")
+                             f"(default: $WHITNEY_MOCK_API_KEYS or {DEFAULT_API_KEY!r})")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for ids and unseeded sampling (default 0)")
     parser.add_argument("--order-wait-ms", type=int, default=None,
@@ -46,7 +44,7 @@ def api_keys_from(args: argparse.Namespace) -> list[str]:
     if args.api_keys:
         return args.api_keys
     env = [k.strip() for k in os.environ.get("WHITNEY_MOCK_API_KEYS", "").split(",") if k.strip()]
-    return env or [DEFAULT_KEY]
+    return env or [DEFAULT_API_KEY]
 
 
 def _is_loopback(host: str) -> bool:
@@ -59,9 +57,11 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, build the app and serve it until interrupted."""
     args = build_parser().parse_args(argv)
     import uvicorn
 
+    from .http.app import create_app
     from .http.logs import configure_logging
 
     configure_logging(args.log_level)
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: serving on {args.host}, not loopback: anyone who can reach this "
               f"address and knows a key can use the mock.", file=sys.stderr)
     masked = ", ".join(k[:4] + "…" if len(k) > 8 else k[:1] + "…" for k in keys)
-    print(f"whitney mock serving http://{args.host}:{args.port}/v1/training  keys: {masked}",
+    print(f"whitney mock serving http://{args.host}:{args.port}{API_PREFIX}  keys: {masked}",
           flush=True)
     # Our request log (logs.py) replaces uvicorn's access log: one structured line per request.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mock_server.engine.model import AdamWState, adamw_step
+from mock_server.engine.optim import AdamWState, adamw_step
 
 SHAPES = {"base_model.model.mixer.lora_A.weight": (3, 5),
           "base_model.model.mixer.lora_B.weight": (4, 3),

@@ -26,6 +26,7 @@ import pytest
 from conftest import API, KEY, MODEL, FakeClock, ce_datum, expect_error, new_run, text_tokens
 from mock_server import Backend
 from mock_server.backend import schemas
+from mock_server.backend.primitives import PRIMITIVES
 
 RANK = 64  # the largest adapter: its arrays dominate whatever else a run holds
 VERSIONS = 20
@@ -136,7 +137,7 @@ def test_ord_3_an_operation_record_costs_about_its_payload():
     ops = 300
 
     async def record(seq: int, primitive: str, payload: dict[str, Any]) -> None:
-        body = schemas.PRIMITIVE_BODIES[primitive].model_validate(payload)
+        body = PRIMITIVES[primitive].body.model_validate(payload)
         outcome = await backend.submit(key=KEY, run_id=run_id, primitive=primitive, body=body,
                                        digest=schemas.canonical_digest(payload))
         assert outcome.status == 200

@@ -17,7 +17,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import API, RunHandle, ce_datum, new_run, text_tokens
-from mock_server.engine.model import BASE_MODEL_SPECS, Lora, get_base_model
+from mock_server.engine.model import get_base_model
+from mock_server.engine.specs import BASE_MODEL_SPECS, Lora
 
 MODEL = "whitney-mock/tiny-byte"
 RANK, ALPHA = 4, 8.0

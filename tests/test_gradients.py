@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mock_server.engine.model import (
-    BASE_MODEL_ID, LOSS_SPECS, VOCAB_SIZE, Lora, NonFiniteLossError, get_base_model,
-)
+from mock_server.engine.losses import LOSS_SPECS
+from mock_server.engine.model import get_base_model
+from mock_server.engine.specs import BASE_MODEL_ID, VOCAB_SIZE, Lora, NonFiniteLossError
 
 MODEL = get_base_model(BASE_MODEL_ID)
 LOSSES = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mock_server.engine.model import (
-    BASE_MODEL_ID, BASE_MODEL_SPECS, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, BaseModel, Lora,
-    get_base_model, lora_key,
-)
+from mock_server.engine.model import BaseModel, get_base_model
+from mock_server.engine.specs import (BASE_MODEL_ID, BASE_MODEL_SPECS, BOS_TOKEN, EOS_TOKEN,
+                                      VOCAB_SIZE, Lora, lora_key)
 
 MODEL = get_base_model(BASE_MODEL_ID)
 REPO = Path(__file__).resolve().parents[1]
@@ -169,7 +168,8 @@ def test_base_weights_are_identical_across_instances_and_read_only():
 def _digest_script() -> str:
     return (
         "import hashlib, numpy as np\n"
-        "from mock_server.engine.model import get_base_model, BASE_MODEL_ID\n"
+        "from mock_server.engine.model import get_base_model\n"
+        "from mock_server.engine.specs import BASE_MODEL_ID\n"
         "m = get_base_model(BASE_MODEL_ID)\n"
         "lora = m.init_lora(4, 8.0, 11)\n"
         "toks = np.arange(0, 258, 3)\n"

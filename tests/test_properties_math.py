@@ -29,7 +29,9 @@ from hypothesis import assume, given, settings, strategies as st
 from conftest import ADAMW, API, MODEL, module_mock
 from grpo.helpers import group_mean_advantages, is_uniform, rl_datum
 from hypothesis_profiles import examples
-from mock_server.engine.model import AdamWState, Lora, adamw_step, get_base_model
+from mock_server.engine.model import get_base_model
+from mock_server.engine.optim import AdamWState, adamw_step
+from mock_server.engine.specs import Lora
 
 BASE = get_base_model(MODEL)
 LOSSES = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]

@@ -25,7 +25,8 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import ADAMW, API, BOS, EOS, MODEL, expect_error, module_mock
 from hypothesis_profiles import examples
-from mock_server.engine.model import Lora, get_base_model
+from mock_server.engine.model import get_base_model
+from mock_server.engine.specs import Lora
 
 BASE = get_base_model(MODEL)
 TOKENS = st.integers(0, 255) | st.sampled_from([BOS, EOS])

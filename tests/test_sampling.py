@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mock_server.engine.model import (
-    BASE_MODEL_ID, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, Lora, get_base_model,
-)
+from mock_server.engine.model import get_base_model
+from mock_server.engine.specs import BASE_MODEL_ID, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, Lora
 
 MODEL = get_base_model(BASE_MODEL_ID)
 PROMPT = np.array([BOS_TOKEN] + list(b"The quick brown fox "), dtype=np.int64)

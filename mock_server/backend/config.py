@@ -1,9 +1,22 @@
-"""Limits and feature flags the mock publishes in ``GET /capabilities`` (DISC-1) and enforces."""
+"""The mock's configuration: the constants every layer shares, and the limits and feature
+flags it publishes in ``GET /capabilities`` (DISC-1) and enforces.
+
+Imports only the standard library, so the pytest plugin and the CLI can read it for free.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
+
+__all__ = ["API_PREFIX", "CONTRACT_VERSION", "DEFAULT_API_KEY", "Features", "Limits"]
+
+#: Where the contract's routes live (``/v1/training/capabilities`` ...).
+API_PREFIX = "/v1/training"
+#: The key a mock accepts when none is configured (CLI, fixtures, ``create_app``).
+DEFAULT_API_KEY = "whitney-mock-key"
+#: ``contract_version`` of the capabilities document.
+CONTRACT_VERSION = "1.0"
 
 
 @dataclass(frozen=True)
@@ -26,7 +39,8 @@ class Limits:
     min_ttl_seconds: int = 1
     max_ttl_seconds: int = 86_400
 
-    def with_overrides(self, overrides: dict[str, Any] | None) -> "Limits":
+    def with_overrides(self, overrides: dict[str, Any] | None) -> Limits:
+        """A copy with ``overrides`` applied; ``ValueError`` names any unknown limit."""
         if not overrides:
             return self
         known = {f.name for f in fields(self)}
@@ -41,6 +55,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Features:
+    """The ``features`` object of the capabilities document."""
+
     deterministic_sampling: bool = True
     session_ttl: bool = True
     logprob_tolerance: float = 1e-6

@@ -1,12 +1,20 @@
 """Domain errors of the Whitney contract.
 
 Each error carries the HTTP status and the ``error.type`` of the ERR-1 envelope, but no HTTP
-machinery: the state machine raises them, and ``responses.py`` renders them in one place.
+machinery: the state machine raises them (and records the envelope of a primitive that fails at
+its turn), and :mod:`mock_server.http.envelope` puts them on the wire.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def error_envelope(type: str, message: str, details: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """The ERR-1 envelope ``{"error": {"type", "message", "details"}}``: the one place it is
+    built, for recorded failures, error responses, the 500 fallback and injected faults."""
+    return {"error": {"type": type, "message": message, "details": details or {}}}
 
 
 class WhitneyError(Exception):
@@ -15,8 +23,8 @@ class WhitneyError(Exception):
     status: int = 500
     type: str = "internal_error"
 
-    def __init__(self, message: str, *, type: str | None = None, details: dict[str, Any] | None = None,
-                 status: int | None = None) -> None:
+    def __init__(self, message: str, *, type: str | None = None,
+                 details: dict[str, Any] | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         if type is not None:
@@ -26,10 +34,8 @@ class WhitneyError(Exception):
         self.details = details or {}
 
     def envelope(self) -> dict[str, Any]:
-        return {"error": self.inner()}
-
-    def inner(self) -> dict[str, Any]:
-        return {"type": self.type, "message": self.message, "details": self.details}
+        """This error as the ERR-1 envelope."""
+        return error_envelope(self.type, self.message, self.details)
 
 
 class MalformedJSON(WhitneyError):

@@ -1,58 +1,44 @@
-"""The training primitives of one run: validation at submission, execution at its turn.
+"""The training primitives of one run, in one registry: ``PRIMITIVES`` pairs each primitive's
+request model with its preparer. Capabilities, routes, fault targets and the request log read it.
 
-Each ``prepare_*`` function checks a validated body against the run's model and the limits
-(422, refused before its turn, ORD-4) and returns a thunk. The thunk runs at the request's turn
-in the ordered sequence; it either raises a state error (recorded as a failed operation) or
-commits all of its changes at once, so a failure changes no training state (ERR-3).
+A preparer checks a validated body against the run's model and the limits (422, refused before
+its turn, ORD-4) and returns a thunk. The thunk runs at the request's turn in the ordered
+sequence; it either raises a state error (recorded as a failed operation) or commits all of its
+changes at once, so a failure changes no training state (ERR-3).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..engine import model as nm
+from ..engine import losses
+from ..engine.optim import AdamWState, adamw_step
+from ..engine.peft import peft_files
+from ..engine.specs import Lora, NonFiniteLossError
 from . import schemas
 from .errors import Conflict, NotFound, ValidationFailed
+from .records import Checkpoint, Export, Run, Thunk, Version
 
 if TYPE_CHECKING:
-    from .records import Run
     from .state import Backend
 
-Thunk = Callable[[], dict[str, Any]]
+__all__ = ["PRIMITIVES", "Primitive", "prepare_forward"]
 
 
-@dataclass
-class Version:
-    """An immutable sampler snapshot (VER-2): LoRA parameters only, never base weights."""
+@dataclass(frozen=True)
+class Primitive:
+    """One ordered primitive: ``POST /runs/{run_id}/<name>`` with a ``body`` request model;
+    ``prepare(backend, run, body)`` validates it and returns the thunk run at its turn."""
 
-    version: int
-    step: int
-    lora: nm.Lora
-    created_at: str
-
-
-@dataclass
-class Checkpoint:
-    checkpoint_id: str
     name: str
-    run_id: str
-    base_model: str
-    step: int
-    lora: nm.Lora
-    optimizer: nm.AdamWState
-    created_at: str
-
-
-@dataclass
-class Export:
-    export_id: str
-    files: dict[str, bytes] = field(default_factory=dict)
+    body: type[schemas.Body]
+    prepare: Callable[[Backend, Run, Any], Thunk]
 
 
 def _limit(message: str, **details: Any) -> ValidationFailed:
@@ -60,6 +46,7 @@ def _limit(message: str, **details: Any) -> ValidationFailed:
 
 
 def _check_tokens(token_ids: list[int], vocab_size: int, where: str) -> None:
+    """Every id below ``vocab_size`` (the request model has checked they are ints >= 0)."""
     if token_ids and max(token_ids) >= vocab_size:
         bad = next(i for i, t in enumerate(token_ids) if t >= vocab_size)
         raise ValidationFailed(f"{where}[{bad}] = {token_ids[bad]} is outside the vocabulary "
@@ -67,29 +54,15 @@ def _check_tokens(token_ids: list[int], vocab_size: int, where: str) -> None:
                                                               "vocab_size": vocab_size})
 
 
-def _loss_config(loss_function: str, given: dict[str, float]) -> dict[str, float]:
-    """LOSS-6: known loss, known config keys, values inside [min, max]; defaults filled in."""
-    spec = nm.LOSS_SPECS.get(loss_function)
-    if spec is None:
-        raise ValidationFailed(f"loss_function {loss_function!r} is not supported",
-                               type="unsupported_loss_function",
-                               details={"supported": sorted(nm.LOSS_SPECS)})
-    config: dict[str, float] = {}
-    for key, bounds in spec["config"].items():
-        value = given.get(key, bounds["default"])
-        if not bounds["min"] <= value <= bounds["max"]:
-            raise ValidationFailed(f"loss_config.{key} = {value} is outside "
-                                   f"[{bounds['min']}, {bounds['max']}]",
-                                   details={"loc": f"loss_config.{key}"})
-        config[key] = float(value)
-    unknown = sorted(set(given) - set(spec["config"]))
-    if unknown:
-        raise ValidationFailed(f"loss_config key(s) {unknown} are not defined for {loss_function}",
-                               details={"loc": "loss_config", "keys": unknown})
-    return config
+def _loss_rule(exc: losses.LossRequestError) -> ValidationFailed:
+    """LOSS-6: a broken loss rule as the contract's 422."""
+    error_type = {"unsupported": "unsupported_loss_function",
+                  "unexpected_input": "unexpected_input"}.get(exc.kind, "validation_error")
+    details = dict(exc.details) if exc.loc is None else {"loc": exc.loc, **exc.details}
+    return ValidationFailed(str(exc), type=error_type, details=details)
 
 
-def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
+def prepare_forward(backend: Backend, run: Run, body: schemas.Forward, *,
                     backward: bool) -> Thunk:
     """``forward`` / ``forward_backward``: loss, per-position logprobs, gradient (GRAD-1)."""
     spec = run.base.spec
@@ -101,41 +74,29 @@ def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
     if total > limits.max_tokens_per_request:
         raise _limit(f"{total} tokens exceed max_tokens_per_request "
                      f"{limits.max_tokens_per_request}", limit="max_tokens_per_request")
-    config = _loss_config(body.loss_function, body.loss_config)
-    inputs_spec = nm.LOSS_SPECS[body.loss_function]["inputs"]
-    allowed = set(inputs_spec["required"]) | set(inputs_spec["optional"])
+    try:
+        config = losses.resolve_loss_config(body.loss_function, body.loss_config)
+    except losses.LossRequestError as exc:
+        raise _loss_rule(exc) from None
     token_ids: list[np.ndarray] = []
     loss_inputs: list[dict[str, np.ndarray]] = []
     for i, datum in enumerate(body.data):
         ids = datum.model_input.token_ids
         where = f"data[{i}]"
-        if not ids:
-            raise ValidationFailed(f"{where}.model_input.token_ids is empty",
-                                   details={"loc": f"{where}.model_input.token_ids"})
         if len(ids) > spec.max_context:
             raise _limit(f"{where} has {len(ids)} tokens, over max_context {spec.max_context}",
                          limit="max_context")
-        # pydantic has checked every id is an int in [0, 2**63): fromiter is exact and ~2x
-        # faster than asarray on a list; the upper bound is then one numpy max.
+        # The request model has checked every id is an int in [0, 2**63): fromiter is exact and
+        # ~2x faster than asarray on a list; the upper bound is then one numpy max.
         ids_T = np.fromiter(ids, dtype=np.int64, count=len(ids))
         if ids_T.max() >= spec.vocab_size:
             _check_tokens(ids, spec.vocab_size, f"{where}.model_input.token_ids")
-        unexpected = sorted(set(datum.loss_inputs) - allowed)
-        if unexpected:
-            raise ValidationFailed(f"{where}.loss_inputs {unexpected} are not inputs of "
-                                   f"{body.loss_function}", type="unexpected_input",
-                                   details={"loc": f"{where}.loss_inputs", "inputs": unexpected})
-        missing = [name for name in inputs_spec["required"] if name not in datum.loss_inputs]
-        if missing:
-            raise ValidationFailed(f"{where}.loss_inputs is missing {missing}",
-                                   details={"loc": f"{where}.loss_inputs", "missing": missing})
-        arrays: dict[str, np.ndarray] = {}
-        for name, values in datum.loss_inputs.items():
-            if len(values) != len(ids):
-                raise ValidationFailed(f"{where}.loss_inputs.{name} has {len(values)} entries, "
-                                       f"token_ids has {len(ids)}",
-                                       details={"loc": f"{where}.loss_inputs.{name}"})
-            arrays[name] = np.fromiter(values, dtype=np.float64, count=len(values))
+        try:
+            losses.check_inputs(body.loss_function, datum.loss_inputs, len(ids), where)
+        except losses.LossRequestError as exc:
+            raise _loss_rule(exc) from None
+        arrays = {name: np.fromiter(values, dtype=np.float64, count=len(values))
+                  for name, values in datum.loss_inputs.items()}
         targets = arrays["target_tokens"]
         if not np.array_equal(targets, np.round(targets)) or targets.min() < 0 \
                 or targets.max() >= spec.vocab_size:
@@ -149,7 +110,7 @@ def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
         try:
             result = run.base.loss_and_grad(run.lora, token_ids, loss_inputs,
                                             body.loss_function, config, need_grad=backward)
-        except nm.NonFiniteLossError as exc:
+        except NonFiniteLossError as exc:
             raise Conflict(f"the loss is not finite for the current weights and these inputs "
                            f"(check logprobs and advantages): {exc}",
                            type="non_finite_loss") from None
@@ -165,7 +126,7 @@ def prepare_forward(backend: "Backend", run: "Run", body: schemas.Forward, *,
     return run_forward
 
 
-def prepare_optim_step(backend: "Backend", run: "Run", body: schemas.OptimStep) -> Thunk:
+def prepare_optim_step(backend: Backend, run: Run, body: schemas.OptimStep) -> Thunk:
     """OPT-1..4: explicit AdamW, torch semantics, clipping, 409 ``no_gradients``."""
     hp = body.adamw.model_dump()
 
@@ -174,15 +135,15 @@ def prepare_optim_step(backend: "Backend", run: "Run", body: schemas.OptimStep) 
             raise Conflict("no gradient accumulated since the last optim_step; call "
                            "forward_backward first", type="no_gradients")
         with np.errstate(all="ignore"):
-            params, state, grad_norm, update_norm = nm.adamw_step(run.lora.params, run.grads,
-                                                                  run.optimizer, **hp)
+            params, state, grad_norm, update_norm = adamw_step(run.lora.params, run.grads,
+                                                               run.optimizer, **hp)
         finite = np.isfinite([grad_norm, update_norm]).all() and all(
             np.isfinite(a).all() for group in (params, state.m, state.v) for a in group.values())
         if not finite:  # nothing is assigned: the weights stay as they were (ERR-3)
             raise Conflict("this AdamW step would make the weights or moments non-finite "
                            "(check learning_rate, weight_decay and eps)",
                            type="non_finite_update")
-        run.lora = nm.Lora(params=params, rank=run.lora.rank, alpha=run.lora.alpha)
+        run.lora = Lora(params=params, rank=run.lora.rank, alpha=run.lora.alpha)
         run.optimizer = state
         run.grads = None
         run.step += 1
@@ -191,7 +152,7 @@ def prepare_optim_step(backend: "Backend", run: "Run", body: schemas.OptimStep) 
     return optim_step
 
 
-def prepare_save_weights(backend: "Backend", run: "Run",
+def prepare_save_weights(backend: Backend, run: Run,
                          body: schemas.SaveWeightsForSampler) -> Thunk:
     """VER-1: versions strictly increase; snapshots are copies (VER-2)."""
 
@@ -211,7 +172,7 @@ def prepare_save_weights(backend: "Backend", run: "Run",
     return save_weights_for_sampler
 
 
-def _version(run: "Run", version: int) -> Version:
+def _version(run: Run, version: int) -> Version:
     snapshot = run.versions.get(version)
     if snapshot is None:
         raise NotFound(f"version {version} has not been saved on run {run.run_id}",
@@ -219,7 +180,7 @@ def _version(run: "Run", version: int) -> Version:
     return snapshot
 
 
-def prepare_sample(backend: "Backend", run: "Run", body: schemas.Sample) -> Thunk:
+def prepare_sample(backend: Backend, run: Run, body: schemas.Sample) -> Thunk:
     """SAMPLE-1, VER-2, VER-3, VER-4."""
     spec = run.base.spec
     limits = backend.limits
@@ -259,7 +220,7 @@ def prepare_sample(backend: "Backend", run: "Run", body: schemas.Sample) -> Thun
     return sample
 
 
-def prepare_logprobs(backend: "Backend", run: "Run", body: schemas.Logprobs) -> Thunk:
+def prepare_logprobs(backend: Backend, run: Run, body: schemas.Logprobs) -> Thunk:
     """Score ``token_ids`` with the weights saved as ``version`` (VER-2, VER-3)."""
     spec = run.base.spec
     _check_tokens(body.token_ids, spec.vocab_size, "token_ids")
@@ -280,7 +241,7 @@ def prepare_logprobs(backend: "Backend", run: "Run", body: schemas.Logprobs) -> 
     return logprobs
 
 
-def prepare_save_state(backend: "Backend", run: "Run", body: schemas.SaveState) -> Thunk:
+def prepare_save_state(backend: Backend, run: Run, body: schemas.SaveState) -> Thunk:
     """CKPT-1: weights, step and AdamW moments, restorable bit for bit."""
 
     def save_state() -> dict[str, Any]:
@@ -293,7 +254,7 @@ def prepare_save_state(backend: "Backend", run: "Run", body: schemas.SaveState) 
     return save_state
 
 
-def prepare_load_state(backend: "Backend", run: "Run", body: schemas.LoadState) -> Thunk:
+def prepare_load_state(backend: Backend, run: Run, body: schemas.LoadState) -> Thunk:
     """CKPT-1: restore weights and step; the optimizer too when ``with_optimizer``."""
 
     def load_state() -> dict[str, Any]:
@@ -310,17 +271,18 @@ def prepare_load_state(backend: "Backend", run: "Run", body: schemas.LoadState) 
         run.step = checkpoint.step
         run.grads = None
         run.optimizer = checkpoint.optimizer.copy() if body.with_optimizer \
-            else nm.AdamWState.zeros_like(run.lora.params)
+            else AdamWState.zeros_like(run.lora.params)
         return {"checkpoint_id": checkpoint.checkpoint_id, "step": run.step}
 
     return load_state
 
 
-def prepare_export(backend: "Backend", run: "Run", body: schemas.ExportLora) -> Thunk:
+def prepare_export(backend: Backend, run: Run, body: schemas.ExportLora) -> Thunk:
     """EXPORT-1: PEFT ``adapter_model.safetensors`` + ``adapter_config.json``."""
 
     def export_lora() -> dict[str, Any]:
-        files = peft_files(run)
+        files = peft_files(run.lora.params, rank=run.lora.rank, alpha=run.lora.alpha,
+                           target_modules=run.base.target_modules, base_model=run.base_model)
         export = Export(backend.new_id("exp"), files)
         run.exports[export.export_id] = export
         return {
@@ -333,37 +295,16 @@ def prepare_export(backend: "Backend", run: "Run", body: schemas.ExportLora) -> 
     return export_lora
 
 
-def peft_files(run: "Run") -> dict[str, bytes]:
-    """The adapter as PEFT writes it: float32 tensors under PEFT key names, and its config."""
-    from safetensors.numpy import save
-
-    tensors = {name: np.ascontiguousarray(value, dtype=np.float32)
-               for name, value in run.lora.params.items()}
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "r": run.lora.rank,
-        "lora_alpha": run.lora.alpha,
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "target_modules": list(run.base.target_modules),
-        "base_model_name_or_path": run.base_model,
-        "inference_mode": True,
-    }
-    return {
-        "adapter_model.safetensors": save(tensors, metadata={"format": "pt"}),
-        "adapter_config.json": json.dumps(config, indent=2, sort_keys=True).encode(),
-    }
-
-
-PREPARERS: dict[str, Callable[..., Thunk]] = {
-    "forward": lambda b, r, body: prepare_forward(b, r, body, backward=False),
-    "forward_backward": lambda b, r, body: prepare_forward(b, r, body, backward=True),
-    "optim_step": prepare_optim_step,
-    "save_weights_for_sampler": prepare_save_weights,
-    "sample": prepare_sample,
-    "logprobs": prepare_logprobs,
-    "save_state": prepare_save_state,
-    "load_state": prepare_load_state,
-    "export_lora": prepare_export,
-}
+#: Every primitive, in the order the capabilities document lists them.
+PRIMITIVES: dict[str, Primitive] = {p.name: p for p in (
+    Primitive("forward", schemas.Forward, functools.partial(prepare_forward, backward=False)),
+    Primitive("forward_backward", schemas.Forward,
+              functools.partial(prepare_forward, backward=True)),
+    Primitive("optim_step", schemas.OptimStep, prepare_optim_step),
+    Primitive("save_weights_for_sampler", schemas.SaveWeightsForSampler, prepare_save_weights),
+    Primitive("sample", schemas.Sample, prepare_sample),
+    Primitive("logprobs", schemas.Logprobs, prepare_logprobs),
+    Primitive("save_state", schemas.SaveState, prepare_save_state),
+    Primitive("load_state", schemas.LoadState, prepare_load_state),
+    Primitive("export_lora", schemas.ExportLora, prepare_export),
+)}

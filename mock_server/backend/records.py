@@ -1,22 +1,33 @@
-"""What the state machine keeps: sessions, runs and the records of their operations.
+"""Everything the backend stores: sessions, runs, the record of their operations, sampler
+versions, checkpoints and exports.
 
-Plain dataclasses, no behaviour beyond GRAD-1's gradient accumulation; ``state.Backend``
-owns every transition.
+Plain dataclasses, no behaviour beyond GRAD-1's gradient accumulation; the ``Backend``
+(:mod:`.state`) and the ordering (:mod:`.ordering`) own every transition.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
-from ..engine import model as nm
-from .primitives import Export, Thunk, Version
+# The engine calls its base model class ``BaseModel``; here that name would read as pydantic's.
+from ..engine.model import BaseModel as BaseLM
+from ..engine.optim import AdamWState
+from ..engine.specs import Lora
 
+__all__ = ["TERMINAL", "Checkpoint", "Export", "Held", "Operation", "Outcome", "Run", "Session",
+           "Thunk", "Version", "iso"]
+
+#: Run states a run never leaves (LIFE-8).
 TERMINAL = frozenset({"finished", "cancelled", "failed"})
-CONTRACT_VERSION = "1.0"
+
+#: A primitive ready to execute at its turn: returns the result, or raises a WhitneyError.
+Thunk = Callable[[], dict[str, Any]]
 
 
 @dataclass
@@ -36,6 +47,8 @@ class Operation:
 
 @dataclass
 class Outcome:
+    """What a submitted primitive answers: status, JSON body, and whether it was a replay."""
+
     status: int
     payload: bytes
     replayed: bool = False
@@ -43,10 +56,44 @@ class Outcome:
 
 @dataclass
 class Held:
+    """A request waiting for its seq's turn (ORD-2)."""
+
     primitive: str
     digest: bytes
     thunk: Thunk
     future: asyncio.Future[Operation]
+
+
+@dataclass
+class Version:
+    """An immutable sampler snapshot (VER-2): LoRA parameters only, never base weights."""
+
+    version: int
+    step: int
+    lora: Lora
+    created_at: str
+
+
+@dataclass
+class Checkpoint:
+    """A saved training state (CKPT-1): weights, step and AdamW moments."""
+
+    checkpoint_id: str
+    name: str
+    run_id: str
+    base_model: str
+    step: int
+    lora: Lora
+    optimizer: AdamWState
+    created_at: str
+
+
+@dataclass
+class Export:
+    """The files of one ``export_lora`` (EXPORT-1), by name."""
+
+    export_id: str
+    files: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -67,9 +114,9 @@ class Run:
     session_id: str
     key: str
     base_model: str
-    base: nm.BaseModel
-    lora: nm.Lora
-    optimizer: nm.AdamWState
+    base: BaseLM
+    lora: Lora
+    optimizer: AdamWState
     created_at: float
     step: int = 0
     grads: dict[str, np.ndarray] | None = None
@@ -91,6 +138,7 @@ class Run:
 
 
 def iso(t: float | None) -> str | None:
+    """A ``time.time()`` value as the contract's UTC timestamp (``...Z``)."""
     if t is None:
         return None
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")

@@ -19,45 +19,47 @@ from .errors import MalformedJSON, ValidationFailed
 INT64_MAX = 2**63 - 1
 
 Seq = Annotated[int, Field(ge=1, le=INT64_MAX)]
-Version = Annotated[int, Field(ge=0, le=INT64_MAX)]
+VersionNumber = Annotated[int, Field(ge=0, le=INT64_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
+    """A request body: strict, closed (unknown fields are 422 ``unknown_field``), immutable."""
+
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
 
-class Empty(_Body):
+class Empty(Body):
     """Body of close, heartbeat, finish and cancel: ``{}`` (an empty body is read as ``{}``)."""
 
 
-class CreateSession(_Body):
+class CreateSession(Body):
     ttl_seconds: Annotated[int, Field(ge=1)] | None = None
     metadata: dict[str, str] | None = None
 
 
-class LoraConfig(_Body):
+class LoraConfig(Body):
     rank: Annotated[int, Field(ge=1)]
     alpha: Annotated[float, Field(gt=0)]
     seed: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
 
 
-class CreateRun(_Body):
+class CreateRun(Body):
     base_model: str
     lora: LoraConfig
     optimizer: Literal["adamw"]
 
 
-class ModelInput(_Body):
+class ModelInput(Body):
     token_ids: Annotated[list[TokenId], Field(min_length=1)]
 
 
-class Datum(_Body):
+class Datum(Body):
     model_input: ModelInput
     loss_inputs: dict[str, list[float]]
 
 
-class Forward(_Body):
+class Forward(Body):
     """Body of ``forward`` and ``forward_backward``."""
 
     seq: Seq
@@ -66,7 +68,7 @@ class Forward(_Body):
     data: Annotated[list[Datum], Field(min_length=1)]
 
 
-class AdamW(_Body):
+class AdamW(Body):
     """OPT-1: all six hyper-parameters are required; the server has no defaults."""
 
     learning_rate: Annotated[float, Field(ge=0)]
@@ -77,21 +79,21 @@ class AdamW(_Body):
     grad_clip_norm: Annotated[float, Field(ge=0)]
 
 
-class OptimStep(_Body):
+class OptimStep(Body):
     seq: Seq
     adamw: AdamW
 
 
-class SaveWeightsForSampler(_Body):
+class SaveWeightsForSampler(Body):
     seq: Seq
-    version: Version
+    version: VersionNumber
 
 
-class Prompt(_Body):
+class Prompt(Body):
     token_ids: Annotated[list[TokenId], Field(min_length=1)]
 
 
-class Sampling(_Body):
+class Sampling(Body):
     max_tokens: Annotated[int, Field(ge=1)]
     temperature: Annotated[float, Field(gt=0, le=100)]
     top_k: Annotated[int, Field(ge=0)]
@@ -100,46 +102,33 @@ class Sampling(_Body):
     stop_token_ids: list[TokenId] | None = None
 
 
-class Sample(_Body):
+class Sample(Body):
     seq: Seq
-    version: Version
+    version: VersionNumber
     prompt: Prompt
     num_samples: Annotated[int, Field(ge=1)]
     sampling: Sampling
 
 
-class Logprobs(_Body):
+class Logprobs(Body):
     seq: Seq
-    version: Version
+    version: VersionNumber
     token_ids: Annotated[list[TokenId], Field(min_length=1)]
 
 
-class SaveState(_Body):
+class SaveState(Body):
     seq: Seq
     name: Annotated[str, Field(min_length=1, max_length=256)]
 
 
-class LoadState(_Body):
+class LoadState(Body):
     seq: Seq
     checkpoint_id: str
     with_optimizer: bool
 
 
-class ExportLora(_Body):
+class ExportLora(Body):
     seq: Seq
-
-
-PRIMITIVE_BODIES: dict[str, type[_Body]] = {
-    "forward": Forward,
-    "forward_backward": Forward,
-    "optim_step": OptimStep,
-    "save_weights_for_sampler": SaveWeightsForSampler,
-    "sample": Sample,
-    "logprobs": Logprobs,
-    "save_state": SaveState,
-    "load_state": LoadState,
-    "export_lora": ExportLora,
-}
 
 
 def parse_json(raw: bytes) -> Any:
@@ -167,7 +156,7 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 
 
-def validate(model: type[_Body], payload: Any) -> Any:
+def validate(model: type[Body], payload: Any) -> Any:
     """Validate a parsed body; unknown fields give 422 ``unknown_field`` (ERR-4)."""
     if not isinstance(payload, dict):
         raise ValidationFailed("request body must be a JSON object",

@@ -1,41 +1,48 @@
-"""The mock's state machine: keys, sessions, runs, ordered primitives, versions, checkpoints.
+"""The mock's state machine: keys, sessions, runs, versions, checkpoints, exports, time.
 
 No HTTP here (moto's ``models.py``): methods take keyword arguments and validated bodies,
-return plain dicts or JSON bytes, and raise ``WhitneyError`` subclasses. Everything runs on
-one event loop, so no locks are needed; a request held for ordering awaits an asyncio future
-and costs no CPU while it waits (ORD-2).
+return plain dicts or JSON bytes, and raise ``WhitneyError`` subclasses. Ordered primitives are
+:mod:`.ordering`'s half of the object. Everything runs on one event loop, so no locks are needed.
+
+The small underscored methods marked as seams state one contract rule each; they are trivial
+here so a test double can break or vary exactly one rule by overriding exactly one method.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import orjson
 
-from ..engine import model as nm
+from ..engine.losses import LOSS_SPECS
+from ..engine.model import get_base_model
+from ..engine.optim import AdamWState
+from ..engine.specs import BASE_MODEL_SPECS, ModelSpec
 from . import schemas
-from ..testing import violations as _violations
+from .config import CONTRACT_VERSION, DEFAULT_API_KEY, Features, Limits
 from .errors import Conflict, NotFound, Unauthorized, ValidationFailed, WhitneyError
-from .config import Features, Limits
-from .primitives import PREPARERS, Checkpoint, Thunk
-from .records import CONTRACT_VERSION, TERMINAL, Held, Operation, Outcome, Run, Session, iso
+from .ordering import Ordering
+from .primitives import PRIMITIVES
+from .records import TERMINAL, Checkpoint, Outcome, Run, Session, iso
 
-logger = logging.getLogger("mock_server")
+__all__ = ["Backend"]
 
 
-class Backend:
-    """All state of one mock server. ``reset()`` rebuilds it exactly as ``__init__`` left it."""
+class Backend(Ordering):
+    """All state of one mock server.
 
-    def __init__(self, *, api_keys: tuple[str, ...] | list[str] = ("whitney-mock-key",),
+    The constructor stores the configuration and calls :meth:`reset`, which builds every piece
+    of state; a reset therefore leaves the backend exactly as construction did.
+    """
+
+    def __init__(self, *, api_keys: tuple[str, ...] | list[str] = (DEFAULT_API_KEY,),
                  seed: int = 0, limits: Limits | None = None, features: Features | None = None,
-                 cancel_delay_ms: int = 50, clock: Any = time.time,
-                 violations: frozenset[str] = frozenset(), closed_retention: int = 256) -> None:
+                 cancel_delay_ms: int = 50, clock: Callable[[], float] = time.time,
+                 closed_retention: int = 256) -> None:
         if not api_keys:
             raise ValueError("the mock needs at least one API key")
         self.api_keys = tuple(api_keys)
@@ -44,17 +51,18 @@ class Backend:
         self.features = features or Features()
         self.cancel_delay_ms = cancel_delay_ms
         self.clock = clock
-        self.violations = _violations.check_names(frozenset(violations))
         self.closed_retention = closed_retention
+        self.runs: dict[str, Run] = {}
         self.reset()
 
     def reset(self) -> None:
-        """Forget every session, run, checkpoint and export; reseed the id and sampling RNG."""
-        for run in getattr(self, "runs", {}).values():
+        """Forget every session, run, checkpoint and export; reseed the id and sampling RNG.
+        Requests still held for ordering fail with 409 ``run_cancelled``."""
+        for run in self.runs.values():
             self._fail_held(run, "run_cancelled", "the mock was reset")
         self.rng = np.random.default_rng(self.seed)
         self.sessions: dict[str, Session] = {}
-        self.runs: dict[str, Run] = {}
+        self.runs = {}
         self.checkpoints: dict[str, tuple[str, Checkpoint]] = {}  # id -> (session_id, ckpt)
         self._closed: deque[str] = deque()
         self._timed: dict[str, float] = {}  # open sessions with a TTL -> expires_at
@@ -89,23 +97,23 @@ class Backend:
         for key in self.api_keys:
             if hmac.compare_digest(token.strip().encode(), key.encode()) and found is None:
                 found = key
-        if found is None and token.strip() and "accepts_any_bearer" in self.violations:
-            found = self.api_keys[0]
+        if found is None and token.strip():
+            found = self._unknown_key(token.strip())
         if scheme.lower() != "bearer" or found is None:
             raise Unauthorized("missing or unknown API key (Authorization: Bearer <key>)")
         return found
 
     def capabilities(self) -> dict[str, Any]:
         """DISC-1."""
-        return _violations.tamper_capabilities(self.violations, {
+        return {
             "contract_version": CONTRACT_VERSION,
-            "primitives": list(PREPARERS),
+            "primitives": list(PRIMITIVES),
             "optimizers": ["adamw"],
-            "loss_functions": nm.LOSS_SPECS,
-            "base_models": [spec.capabilities_entry() for spec in nm.BASE_MODELS.values()],
+            "loss_functions": LOSS_SPECS,
+            "base_models": [spec.capabilities_entry() for spec in BASE_MODEL_SPECS.values()],
             "limits": self.limits.as_dict(),
             "features": self.features.as_dict(),
-        })
+        }
 
     # -- time: expiry, cancellation, retention (evaluated lazily, on every request) ---------
     def tick(self) -> None:
@@ -116,11 +124,7 @@ class Backend:
             session = self.sessions[session_id]
             session.state = "expired"
             for run_id in session.run_ids:
-                run = self.runs[run_id]
-                if run.state not in TERMINAL and "expiry_keeps_runs" not in self.violations:
-                    self._fail_held(run, "run_cancelled", "the session expired")
-                    run.state = "cancelled"
-                    self._cancelling.pop(run_id, None)
+                self._expire_run(self.runs[run_id])
             self._retire(session)
         for run_id in [rid for rid, at in self._cancelling.items() if now >= at]:
             self._settle(self.runs[run_id], now)
@@ -137,7 +141,7 @@ class Backend:
             run.grads = None
             run.versions.clear()
             run.exports.clear()
-            run.optimizer = nm.AdamWState.zeros_like({})
+            run.optimizer = AdamWState.zeros_like({})
         self._closed.append(session.session_id)
         while len(self._closed) > self.closed_retention:
             old = self.sessions.pop(self._closed.popleft())
@@ -151,17 +155,15 @@ class Backend:
     # -- sessions -------------------------------------------------------------------------
     def _session(self, key: str, session_id: str) -> Session:
         session = self.sessions.get(session_id)
-        if session is not None and session.key != key and "foreign_403" in self.violations:
-            raise _violations.forbidden(f"session {session_id!r}")
         if session is None or session.key != key:
-            raise NotFound(f"session {session_id!r} not found")  # SEC-2: foreign == unknown
+            raise self._hidden(f"session {session_id!r}", foreign=session is not None)
         return session
 
     def session_view(self, session: Session) -> dict[str, Any]:
+        """LIFE-1: the Session object, metadata as created."""
         return {"session_id": session.session_id, "state": session.state,
                 "created_at": iso(session.created_at), "expires_at": iso(session.expires_at),
-                "metadata": session.metadata
-                if "session_metadata_dropped" not in self.violations else {}}
+                "metadata": session.metadata}
 
     def create_session(self, *, key: str, body: schemas.CreateSession) -> dict[str, Any]:
         """LIFE-1, LIFE-2."""
@@ -194,8 +196,8 @@ class Backend:
         session = self._session(key, session_id)
         if session.state != "open":
             raise Conflict(f"session is {session.state}", type="session_not_open")
-        if session.ttl_seconds is not None and "heartbeat_no_extend" not in self.violations:
-            session.expires_at = self._timed[session_id] = self.clock() + session.ttl_seconds
+        if session.ttl_seconds is not None:
+            self._extend(session, session.ttl_seconds)
         return self.session_view(session)
 
     def close_session(self, *, key: str, session_id: str) -> dict[str, Any]:
@@ -203,8 +205,8 @@ class Backend:
         session = self._session(key, session_id)
         if session.state != "open":
             return self.session_view(session)
-        busy = [rid for rid in session.run_ids if self.runs[rid].state not in TERMINAL]
-        if busy and "close_with_active_runs" not in self.violations:
+        busy = self._busy_runs(session)
+        if busy:
             raise Conflict("the session has runs that are not terminal; finish or cancel them "
                            "and poll until terminal", type="runs_not_terminal",
                            details={"run_ids": busy})
@@ -218,10 +220,8 @@ class Backend:
     def owned_run(self, key: str, run_id: str) -> Run:
         """The run ``run_id`` if ``key`` owns it, else 404 exactly as for an unknown id (SEC-2)."""
         run = self.runs.get(run_id)
-        if run is not None and run.key != key and "foreign_403" in self.violations:
-            raise _violations.forbidden(f"run {run_id!r}")
         if run is None or run.key != key:
-            raise NotFound(f"run {run_id!r} not found")
+            raise self._hidden(f"run {run_id!r}", foreign=run is not None)
         self._settle(run)
         return run
 
@@ -235,24 +235,22 @@ class Backend:
     def create_run(self, *, key: str, session_id: str, body: schemas.CreateRun) -> dict[str, Any]:
         """LIFE-5."""
         session = self._session(key, session_id)
-        if body.base_model not in nm.BASE_MODELS:
+        spec = BASE_MODEL_SPECS.get(body.base_model)
+        if spec is None:
             raise ValidationFailed(f"unknown base model {body.base_model!r}",
                                    type="unknown_base_model",
-                                   details={"base_models": sorted(nm.BASE_MODELS)})
-        base = nm.get_base_model(body.base_model)
-        if body.lora.rank > base.spec.max_lora_rank \
-                and "rank_limit_unvalidated" not in self.violations:
-            raise ValidationFailed(f"lora.rank {body.lora.rank} exceeds max_lora_rank "
-                                   f"{base.spec.max_lora_rank}", details={"loc": "lora.rank"})
+                                   details={"base_models": sorted(BASE_MODEL_SPECS)})
+        self._check_rank(body.lora.rank, spec)
         if session.state != "open":
             raise Conflict(f"session is {session.state}", type="session_not_open")
         if len(session.run_ids) >= self.limits.max_runs_per_session:
             raise Conflict("the session already has max_runs_per_session runs",
                            type="quota_exceeded", details={"limit": "max_runs_per_session"})
+        base = get_base_model(body.base_model)
         seed = body.lora.seed if body.lora.seed is not None else self.fresh_seed()
         lora = base.init_lora(body.lora.rank, body.lora.alpha, seed)
         run = Run(self.new_id("run"), session_id, key, body.base_model, base, lora,
-                  nm.AdamWState.zeros_like(lora.params), self.clock())
+                  AdamWState.zeros_like(lora.params), self.clock())
         self.runs[run.run_id] = run
         session.run_ids.append(run.run_id)
         return self.run_view(run)
@@ -264,8 +262,7 @@ class Backend:
         """LIFE-6, LIFE-8: requests held behind a gap fail with ``run_not_active``."""
         run = self.owned_run(key, run_id)
         if run.state in TERMINAL:
-            if run.state == "cancelled" and "terminal_finish_mutates" in self.violations:
-                run.state = "finished"
+            self._finish_terminal(run)
             return self.run_view(run)
         if run.state != "active":
             raise Conflict(f"run is {run.state}", type="run_not_active")
@@ -279,11 +276,7 @@ class Backend:
         if run.state in TERMINAL:
             return 200, self.run_view(run)
         if run.state == "active":
-            run.state = "cancelling"
-            run.cancel_at = self._cancelling[run.run_id] = self.clock() + self.cancel_delay_ms / 1000
-            self._fail_held(run, "run_cancelled", "the run was cancelled")
-            if "cancel_immediately_terminal" in self.violations:
-                run.state = "cancelled"
+            self._begin_cancel(run)
         return 202, self.run_view(run)
 
     def fail_run(self, *, run_id: str, reason: str) -> None:
@@ -294,105 +287,18 @@ class Backend:
             run.state = "failed"
             self._cancelling.pop(run_id, None)
 
-    def _fail_held(self, run: Run, error_type: str, message: str) -> None:
-        held, run.held = run.held, {}
-        for entry in held.values():
-            if not entry.future.done():
-                entry.future.set_exception(Conflict(message, type=error_type))
-
-    # -- ordered primitives (ORD-1..5) ----------------------------------------------------
+    # -- ordered primitives (ORD-1..5, see ordering.py) ----------------------------------
     async def submit(self, *, key: str, run_id: str, primitive: str, body: Any,
                      digest: bytes) -> Outcome:
         """Execute ``body`` at its turn in the run's sequence, holding it until then."""
         run = self.owned_run(key, run_id)
-        seq: int = body.seq
-        recorded = run.ops.get(seq)
-        if recorded is not None:  # ORD-3, answered on terminal runs too
-            if recorded.digest != digest or recorded.primitive != primitive:
-                raise Conflict(f"seq {seq} was already used with a different body",
-                               type="seq_conflict", details={"seq": seq})
-            if "replay_reexecutes" in self.violations:
-                _violations.reexecute(self, run, primitive, body)
-            return Outcome(recorded.status, recorded.payload, replayed=True)
-        if run.state != "active":  # LIFE-8 (run_cancelled is for requests already held)
-            raise Conflict(f"run is {run.state}", type="run_not_active")
-        thunk = PREPARERS[primitive](self, run, body)  # 422s: refused before its turn
-        if seq == run.next_seq or "no_ordering_holds" in self.violations:
-            return self._outcome(self._execute_from(run, seq, primitive, digest, thunk))
-        held = run.held.get(seq)
-        if held is not None:
-            if held.digest != digest or held.primitive != primitive:
-                raise Conflict(f"seq {seq} is already waiting with a different body",
-                               type="seq_conflict", details={"seq": seq})
-            return self._outcome(await asyncio.shield(held.future), replayed=True)
-        future: asyncio.Future[Operation] = asyncio.get_running_loop().create_future()
-        run.held[seq] = Held(primitive, digest, thunk, future)
-        try:
-            operation = await asyncio.wait_for(asyncio.shield(future),
-                                               self.limits.order_wait_ms / 1000)
-        except TimeoutError:
-            if run.held.get(seq) is not None and run.held[seq].future is future:
-                del run.held[seq]
-            error = Conflict(f"seq {seq} is not its turn: the run expects seq {run.next_seq}",
-                             type="seq_gap", details={"expected_seq": run.next_seq})
-            if not future.done():
-                future.set_exception(error)
-                future.exception()  # mark retrieved: other waiters, if any, re-raise it
-            raise error from None
-        return self._outcome(operation)
-
-    @staticmethod
-    def _outcome(operation: Operation, replayed: bool = False) -> Outcome:
-        return Outcome(operation.status, operation.payload, replayed)
-
-    def _execute_from(self, run: Run, seq: int, primitive: str, digest: bytes,
-                      thunk: Thunk) -> Operation:
-        """Run ``seq``, then every held request that has become next in line (ORD-2)."""
-        first = self._execute(run, seq, primitive, digest, thunk)
-        while run.state == "active" and (held := run.held.pop(run.next_seq, None)) is not None:
-            operation = self._execute(run, run.next_seq, held.primitive, held.digest, held.thunk)
-            if not held.future.done():
-                held.future.set_result(operation)
-        return first
-
-    def _execute(self, run: Run, seq: int, primitive: str, digest: bytes,
-                 thunk: Thunk) -> Operation:
-        if self.violations:
-            _violations.before_execute(self, run, primitive)
-        try:
-            result = thunk()
-            if self.violations:
-                result = _violations.tamper_result(self, run, primitive, result)
-            status, payload = 200, orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
-        except WhitneyError as exc:  # a state failure at its turn: recorded (ORD-4)
-            if "failed_op_clears_gradients" in self.violations:
-                run.grads = None
-            status, payload = exc.status, orjson.dumps(exc.envelope())
-        except Exception:  # a mock bug: answer 500 but keep the sequence moving
-            logger.exception("primitive %s seq %d of run %s crashed", primitive, seq, run.run_id)
-            status, payload = 500, orjson.dumps(WhitneyError("the mock hit an internal error "
-                                                             "executing this primitive").envelope())
-        # orjson hands back its whole write buffer; copy to keep each record at its size.
-        operation = Operation(seq, primitive, digest, status, bytes(memoryview(payload)))
-        run.ops[seq] = operation
-        run.next_seq = seq + 1
-        return operation
+        prepare = PRIMITIVES[primitive].prepare
+        return await self._submit(run, body.seq, primitive, digest,
+                                  lambda: prepare(self, run, body))
 
     def operation(self, *, key: str, run_id: str, seq: int) -> bytes:
         """ORD-5: the record of ``seq`` as JSON bytes."""
-        run = self.owned_run(key, run_id)
-        op = run.ops.get(seq)
-        if op is None or (not op.ok and "failed_ops_unlogged" in self.violations):
-            raise NotFound(f"seq {seq} has not been recorded on run {run_id}",
-                           type="operation_not_found",
-                           details={"seq": seq if seq <= schemas.INT64_MAX else str(seq)})
-        if op.ok:
-            view = {"seq": seq, "primitive": op.primitive, "status": "completed",
-                    "result": orjson.Fragment(op.payload)}
-        else:
-            view = {"seq": seq, "primitive": op.primitive, "status": "failed",
-                    "error": orjson.loads(op.payload)["error"]}
-        return orjson.dumps(view)
+        return self._operation_view(self.owned_run(key, run_id), seq)
 
     def export_file(self, *, key: str, run_id: str, export_id: str, name: str) -> bytes:
         run = self.owned_run(key, run_id)
@@ -407,3 +313,42 @@ class Backend:
         return {run.run_id: [{"seq": op.seq, "primitive": op.primitive,
                               "status": "completed" if op.ok else "failed"}
                              for op in run.ops.values()] for run in runs}
+
+    # -- seams: one rule each, trivial in the faithful backend ----------------------------
+    def _unknown_key(self, token: str) -> str | None:
+        """SEC-1: the key a bearer token that matches no known key stands for: none."""
+        return None
+
+    def _hidden(self, what: str, *, foreign: bool) -> WhitneyError:
+        """SEC-2: another key's resource answers exactly as an unknown one."""
+        return NotFound(f"{what} not found")
+
+    def _extend(self, session: Session, ttl_seconds: int) -> None:
+        """LIFE-2: a heartbeat moves ``expires_at`` to now + ttl."""
+        session.expires_at = self._timed[session.session_id] = self.clock() + ttl_seconds
+
+    def _busy_runs(self, session: Session) -> list[str]:
+        """LIFE-3: the runs that keep ``session`` from closing (those not terminal)."""
+        return [rid for rid in session.run_ids if self.runs[rid].state not in TERMINAL]
+
+    def _expire_run(self, run: Run) -> None:
+        """LIFE-4: an expiring session cancels its runs that are not terminal."""
+        if run.state not in TERMINAL:
+            self._fail_held(run, "run_cancelled", "the session expired")
+            run.state = "cancelled"
+            self._cancelling.pop(run.run_id, None)
+
+    def _check_rank(self, rank: int, spec: ModelSpec) -> None:
+        """LIFE-5: ``lora.rank`` above the model's ``max_lora_rank`` is 422."""
+        if rank > spec.max_lora_rank:
+            raise ValidationFailed(f"lora.rank {rank} exceeds max_lora_rank "
+                                   f"{spec.max_lora_rank}", details={"loc": "lora.rank"})
+
+    def _begin_cancel(self, run: Run) -> None:
+        """LIFE-7: an active run turns ``cancelling``; its held requests fail at once."""
+        run.state = "cancelling"
+        run.cancel_at = self._cancelling[run.run_id] = self.clock() + self.cancel_delay_ms / 1000
+        self._fail_held(run, "run_cancelled", "the run was cancelled")
+
+    def _finish_terminal(self, run: Run) -> None:
+        """LIFE-8: finishing a terminal run changes nothing."""

@@ -1,4 +1,5 @@
-"""The five contract losses (LOSS-1 .. LOSS-5) and their derivative with respect to p.
+"""The five contract losses (LOSS-1 .. LOSS-5): one table, ``LOSSES``, from which the
+capabilities document (DISC-1), the request rules (LOSS-6) and the math all read.
 
 Every loss is a sum over positions (and, by the caller, over datums) with no normalisation.
 With p = current logprob of the target, q = input ``logprobs``, A = ``advantages``,
@@ -11,119 +12,254 @@ r = exp(p - q), m = ``mask`` (default 1), w = ``weights`` (default 1) and sg = s
 - LOSS-5 ``dro``                 = -Σ m·(p·A - β/2·(p - q)²)
 
 The model turns dL/dp into dL/dlogits = dL/dp · (onehot - softmax) and backpropagates from
-there, so this module only needs the closed-form per-position dL/dp. Pure numpy, no state.
+there, so a loss only supplies its closed-form per-position dL/dp. Pure numpy, no state.
+
+The rules a loss request must follow (known loss, declared inputs and config keys, config
+values in range, one input value per token) are written once, here: the backend calls
+:func:`resolve_loss_config` and :func:`check_inputs` at submission and turns a
+:class:`LossRequestError` into the contract's 422; the model calls the same functions on its
+own inputs, so a direct caller meets the same rules with the same messages.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["LOSS_SPECS", "resolve_loss_config", "flatten_loss_inputs", "loss_terms"]
+__all__ = ["LOSSES", "LOSS_SPECS", "Bound", "Loss", "LossRequestError", "check_inputs",
+           "flatten_loss_inputs", "loss_terms", "resolve_loss_config"]
 
-_RL_INPUTS: dict[str, list[str]] = {
-    "required": ["target_tokens", "logprobs", "advantages"],
-    "optional": ["mask"],
-}
-_CLIP_CONFIG: dict[str, dict[str, float]] = {
-    "clip_low_threshold": {"default": 0.8, "min": 0.0, "max": 1.0},
-    "clip_high_threshold": {"default": 1.2, "min": 1.0, "max": 10.0},
+#: ``terms(p_N, inputs, config) -> (loss summed over N, dL/dp_N)``: ``inputs`` holds the float
+#: loss inputs flattened to N (optional ones may be absent), ``config`` is fully resolved.
+Terms = Callable[[np.ndarray, Mapping[str, np.ndarray], Mapping[str, float]],
+                 tuple[float, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One ``loss_config`` key: its contract default and inclusive range."""
+
+    default: float
+    min: float
+    max: float
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One contract loss: the inputs and config it declares (its DISC-1 entry) and its math."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    config: Mapping[str, Bound]
+    terms: Terms
+
+    @property
+    def declared(self) -> frozenset[str]:
+        return frozenset(self.required) | frozenset(self.optional)
+
+    def capabilities_entry(self) -> dict[str, Any]:
+        """The ``loss_functions[name]`` object of the capabilities document (DISC-1)."""
+        return {
+            "inputs": {"required": list(self.required), "optional": list(self.optional)},
+            "config": {key: {"default": b.default, "min": b.min, "max": b.max}
+                       for key, b in self.config.items()},
+        }
+
+
+def _cross_entropy(p_N: np.ndarray, inputs: Mapping[str, np.ndarray],
+                   config: Mapping[str, float]) -> tuple[float, np.ndarray]:
+    w_N = inputs.get("weights")
+    if w_N is None:
+        return float(-p_N.sum()), np.full_like(p_N, -1.0)
+    return float(-(w_N * p_N).sum()), -w_N
+
+
+def _dro(p_N: np.ndarray, inputs: Mapping[str, np.ndarray],
+         config: Mapping[str, float]) -> tuple[float, np.ndarray]:
+    q_N, adv_N = inputs["logprobs"], inputs["advantages"]
+    mask_N = inputs.get("mask")
+    if mask_N is None:
+        mask_N = np.ones_like(p_N)
+    beta = config["beta"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        diff_N = p_N - q_N
+        live_N = mask_N != 0
+        term_N = np.where(live_N, mask_N * (p_N * adv_N - 0.5 * beta * diff_N * diff_N), 0.0)
+        grad_N = np.where(live_N, -mask_N * (adv_N - beta * diff_N), 0.0)
+    return float(-term_N.sum()), grad_N
+
+
+#: ``objective(p_N, ratio_N, adv_N, mask_N, config) -> (objective_N, dL/dp_N)`` of a ratio loss.
+Objective = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Mapping[str, float]],
+                     tuple[np.ndarray, np.ndarray]]
+
+
+def _ratio_loss(objective: Objective) -> Terms:
+    """A loss of r = exp(p - q): positions whose m·A is exactly zero contribute exactly zero,
+    even where r overflows."""
+
+    def terms(p_N: np.ndarray, inputs: Mapping[str, np.ndarray],
+              config: Mapping[str, float]) -> tuple[float, np.ndarray]:
+        q_N, adv_N = inputs["logprobs"], inputs["advantages"]
+        mask_N = inputs.get("mask")
+        if mask_N is None:
+            mask_N = np.ones_like(p_N)
+        with np.errstate(over="ignore", invalid="ignore"):
+            live_N = (mask_N != 0) & (adv_N != 0)
+            ratio_N = np.exp(p_N - q_N)
+            obj_N, grad_N = objective(p_N, ratio_N, adv_N, mask_N, config)
+            obj_N = np.where(live_N, obj_N, 0.0)
+            grad_N = np.where(live_N, grad_N, 0.0)
+        return float(-obj_N.sum()), grad_N
+
+    return terms
+
+
+def _importance_sampling(p_N: np.ndarray, ratio_N: np.ndarray, adv_N: np.ndarray,
+                         mask_N: np.ndarray, config: Mapping[str, float]
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    obj_N = ratio_N * (mask_N * adv_N)
+    return obj_N, -obj_N
+
+
+def _ppo(p_N: np.ndarray, ratio_N: np.ndarray, adv_N: np.ndarray, mask_N: np.ndarray,
+         config: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    clipped_N = np.clip(ratio_N, config["clip_low_threshold"], config["clip_high_threshold"])
+    unclipped_obj_N = ratio_N * adv_N
+    clipped_obj_N = clipped_N * adv_N
+    # min() picks the unclipped branch (gradient r·A) or the clipped one, whose gradient is
+    # zero wherever it is strictly smaller (r outside [lo, hi]).
+    takes_unclipped_N = unclipped_obj_N <= clipped_obj_N
+    obj_N = mask_N * np.minimum(unclipped_obj_N, clipped_obj_N)
+    return obj_N, np.where(takes_unclipped_N, -ratio_N * (mask_N * adv_N), 0.0)
+
+
+def _cispo(p_N: np.ndarray, ratio_N: np.ndarray, adv_N: np.ndarray, mask_N: np.ndarray,
+           config: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    clipped_N = np.clip(ratio_N, config["clip_low_threshold"], config["clip_high_threshold"])
+    m_adv_N = mask_N * adv_N
+    return clipped_N * p_N * m_adv_N, -clipped_N * m_adv_N
+
+
+_RL_REQUIRED = ("target_tokens", "logprobs", "advantages")
+_CLIP = {"clip_low_threshold": Bound(default=0.8, min=0.0, max=1.0),
+         "clip_high_threshold": Bound(default=1.2, min=1.0, max=10.0)}
+
+#: The contract's losses, in the order the capabilities document lists them.
+LOSSES: dict[str, Loss] = {
+    "cross_entropy": Loss(("target_tokens",), ("weights",), {}, _cross_entropy),
+    "importance_sampling": Loss(_RL_REQUIRED, ("mask",), {}, _ratio_loss(_importance_sampling)),
+    "ppo": Loss(_RL_REQUIRED, ("mask",), _CLIP, _ratio_loss(_ppo)),
+    "cispo": Loss(_RL_REQUIRED, ("mask",), _CLIP, _ratio_loss(_cispo)),
+    "dro": Loss(_RL_REQUIRED, ("mask",), {"beta": Bound(default=0.05, min=0.0, max=100.0)},
+                _dro),
 }
 
-#: The ``loss_functions`` entry of the capabilities document (DISC-1), verbatim. Treat as
-#: read-only: the HTTP layer validates ``loss_inputs`` / ``loss_config`` against it (LOSS-6).
+#: The ``loss_functions`` object of the capabilities document (DISC-1), derived from
+#: ``LOSSES``. Treat as read-only.
 LOSS_SPECS: dict[str, dict[str, Any]] = {
-    "cross_entropy": {
-        "inputs": {"required": ["target_tokens"], "optional": ["weights"]},
-        "config": {},
-    },
-    "importance_sampling": {
-        "inputs": {k: list(v) for k, v in _RL_INPUTS.items()},
-        "config": {},
-    },
-    "ppo": {
-        "inputs": {k: list(v) for k, v in _RL_INPUTS.items()},
-        "config": {k: dict(v) for k, v in _CLIP_CONFIG.items()},
-    },
-    "cispo": {
-        "inputs": {k: list(v) for k, v in _RL_INPUTS.items()},
-        "config": {k: dict(v) for k, v in _CLIP_CONFIG.items()},
-    },
-    "dro": {
-        "inputs": {k: list(v) for k, v in _RL_INPUTS.items()},
-        "config": {"beta": {"default": 0.05, "min": 0.0, "max": 100.0}},
-    },
-}
+    name: loss.capabilities_entry() for name, loss in LOSSES.items()}
 
 
-def resolve_loss_config(loss_function: str, loss_config: dict[str, float]) -> dict[str, float]:
-    """Return ``loss_config`` with every declared key present (defaults filled in).
+class LossRequestError(ValueError):
+    """A loss request that ``LOSSES`` does not allow (LOSS-6).
 
-    Raises ``ValueError`` for an unknown loss, an unknown key or a value outside [min, max];
-    the HTTP layer normally rejects those first (LOSS-6), this is the last line of defence.
+    ``kind``: ``"unsupported"`` (no such loss), ``"unexpected_input"`` (an input the loss does
+    not declare) or ``"invalid"`` (anything else); ``loc`` is the dotted path of the offending
+    part of the request body, ``details`` what the contract's 422 envelope reports.
     """
-    if loss_function not in LOSS_SPECS:
-        raise ValueError(f"unsupported loss function {loss_function!r}")
-    declared = LOSS_SPECS[loss_function]["config"]
-    unknown = sorted(set(loss_config) - set(declared))
-    if unknown:
-        raise ValueError(f"loss {loss_function!r} has no config key(s) {unknown}")
+
+    def __init__(self, message: str, *,
+                 kind: Literal["unsupported", "unexpected_input", "invalid"] = "invalid",
+                 loc: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.loc = loc
+        self.details = details
+
+
+def _loss(loss_function: str) -> Loss:
+    loss = LOSSES.get(loss_function)
+    if loss is None:
+        raise LossRequestError(f"loss_function {loss_function!r} is not supported",
+                               kind="unsupported", supported=sorted(LOSSES))
+    return loss
+
+
+def resolve_loss_config(loss_function: str, loss_config: Mapping[str, float]) -> dict[str, float]:
+    """``loss_config`` with every declared key present (defaults filled in), as floats.
+
+    Raises :class:`LossRequestError` for an unknown loss, a value outside [min, max] or an
+    undeclared key (in that order).
+    """
+    loss = _loss(loss_function)
     resolved: dict[str, float] = {}
-    for key, bounds in declared.items():
-        value = float(loss_config.get(key, bounds["default"]))
-        if not (bounds["min"] <= value <= bounds["max"]):
-            raise ValueError(
-                f"loss_config.{key}={value} outside [{bounds['min']}, {bounds['max']}]"
-            )
-        resolved[key] = value
+    for key, bound in loss.config.items():
+        value = loss_config.get(key, bound.default)
+        if not bound.min <= value <= bound.max:
+            raise LossRequestError(f"loss_config.{key} = {value} is outside "
+                                   f"[{bound.min}, {bound.max}]", loc=f"loss_config.{key}")
+        resolved[key] = float(value)
+    unknown = sorted(set(loss_config) - set(loss.config))
+    if unknown:
+        raise LossRequestError(f"loss_config key(s) {unknown} are not defined for "
+                               f"{loss_function}", loc="loss_config", keys=unknown)
     return resolved
+
+
+def check_inputs(loss_function: str, inputs: Mapping[str, Sized], length: int,
+                 where: str) -> None:
+    """One datum's ``loss_inputs`` (at ``where``, e.g. ``data[0]``) against the loss: no
+    undeclared input, every required one, and one value per token (``length`` tokens)."""
+    loss = _loss(loss_function)
+    unexpected = sorted(set(inputs) - loss.declared)
+    if unexpected:
+        raise LossRequestError(f"{where}.loss_inputs {unexpected} are not inputs of "
+                               f"{loss_function}", kind="unexpected_input",
+                               loc=f"{where}.loss_inputs", inputs=unexpected)
+    missing = [name for name in loss.required if name not in inputs]
+    if missing:
+        raise LossRequestError(f"{where}.loss_inputs is missing {missing}",
+                               loc=f"{where}.loss_inputs", missing=missing)
+    for name, values in inputs.items():
+        if len(values) != length:
+            raise LossRequestError(f"{where}.loss_inputs.{name} has {len(values)} entries, "
+                                   f"token_ids has {length}", loc=f"{where}.loss_inputs.{name}")
 
 
 def flatten_loss_inputs(
     loss_function: str,
-    token_ids: Sequence[Any],
-    loss_inputs: Sequence[dict[str, Any]],
+    token_ids: Sequence[Sized],
+    loss_inputs: Sequence[Mapping[str, Any]],
 ) -> tuple[list[Any], dict[str, np.ndarray]]:
-    """Check each datum's inputs against ``LOSS_SPECS`` and concatenate the float ones.
+    """Check each datum's inputs (:func:`check_inputs`) and concatenate the float ones.
 
     Returns the per-datum ``target_tokens`` (unconverted) and every float input flattened over
-    all datums. An optional input absent from every datum is left out (``loss_terms`` uses
-    its default 1); one given for some datums only is 1 on the others.
-    Raises ``ValueError`` for a missing or undeclared input or a wrong length.
+    all datums. An optional input absent from every datum is left out (the loss uses its
+    default 1); one given for some datums only is 1 on the others.
     """
-    if loss_function not in LOSS_SPECS:
-        raise ValueError(f"unsupported loss function {loss_function!r}")
-    spec = LOSS_SPECS[loss_function]["inputs"]
-    declared = set(spec["required"]) | set(spec["optional"])
+    loss = _loss(loss_function)
     if len(loss_inputs) != len(token_ids):
         raise ValueError("loss_inputs and token_ids differ in length")
-    float_names = sorted(declared - {"target_tokens"})
+    float_names = sorted(loss.declared - {"target_tokens"})
     targets: list[Any] = []
     parts: dict[str, list[np.ndarray | None]] = {name: [] for name in float_names}
-    for i, (tokens, inputs) in enumerate(zip(token_ids, loss_inputs)):
-        missing = set(spec["required"]) - set(inputs)
-        extra = set(inputs) - declared
-        if missing or extra:
-            raise ValueError(
-                f"datum {i}: missing inputs {sorted(missing)}, undeclared inputs {sorted(extra)}"
-            )
-        for name, values in inputs.items():
-            if len(values) != len(tokens):
-                raise ValueError(
-                    f"datum {i}: {name} has {len(values)} entries, token_ids {len(tokens)}"
-                )
+    for i, (tokens, inputs) in enumerate(zip(token_ids, loss_inputs, strict=True)):
+        check_inputs(loss_function, inputs, len(tokens), f"data[{i}]")
         targets.append(inputs["target_tokens"])
         for name in float_names:
             given = inputs.get(name)
             parts[name].append(None if given is None else np.asarray(given, np.float64))
     flat_inputs: dict[str, np.ndarray] = {}
     for name in float_names:
-        if name in spec["optional"] and all(part is None for part in parts[name]):
+        if name in loss.optional and all(part is None for part in parts[name]):
             continue
         flat_inputs[name] = np.concatenate(
             [np.ones(len(tokens)) if part is None else part
-             for part, tokens in zip(parts[name], token_ids)] + [np.zeros(0)]
+             for part, tokens in zip(parts[name], token_ids, strict=True)] + [np.zeros(0)]
         )
     return targets, flat_inputs
 
@@ -131,60 +267,13 @@ def flatten_loss_inputs(
 def loss_terms(
     loss_function: str,
     logprobs_N: np.ndarray,
-    inputs: dict[str, np.ndarray],
-    config: dict[str, float],
+    inputs: Mapping[str, np.ndarray],
+    config: Mapping[str, float],
 ) -> tuple[float, np.ndarray]:
     """Loss (summed over the N flattened positions) and dL/dp per position.
 
-    ``inputs`` holds the float loss inputs (everything but ``target_tokens``) flattened to N;
-    optional ones may be absent. ``config`` must come from :func:`resolve_loss_config`.
-    Positions whose multiplier (m, w, or m·A for the ratio losses) is exactly zero contribute
-    exactly zero, even where r = exp(p - q) overflows.
+    ``inputs`` and ``config`` come from :func:`flatten_loss_inputs` and
+    :func:`resolve_loss_config`. Positions whose multiplier (m, w, or m·A for the ratio losses)
+    is exactly zero contribute exactly zero, even where r = exp(p - q) overflows.
     """
-    p_N = logprobs_N
-    if loss_function == "cross_entropy":
-        w_N = inputs.get("weights")
-        if w_N is None:
-            return float(-p_N.sum()), np.full_like(p_N, -1.0)
-        return float(-(w_N * p_N).sum()), -w_N
-
-    q_N = inputs["logprobs"]
-    adv_N = inputs["advantages"]
-    mask_N = inputs.get("mask")
-    if mask_N is None:
-        mask_N = np.ones_like(p_N)
-
-    with np.errstate(over="ignore", invalid="ignore"):
-        if loss_function == "dro":
-            beta = config["beta"]
-            diff_N = p_N - q_N
-            live_N = mask_N != 0
-            term_N = np.where(live_N, mask_N * (p_N * adv_N - 0.5 * beta * diff_N * diff_N), 0.0)
-            grad_N = np.where(live_N, -mask_N * (adv_N - beta * diff_N), 0.0)
-            return float(-term_N.sum()), grad_N
-
-        live_N = (mask_N != 0) & (adv_N != 0)
-        ratio_N = np.exp(p_N - q_N)
-        m_adv_N = mask_N * adv_N
-        if loss_function == "importance_sampling":
-            obj_N = ratio_N * m_adv_N
-            grad_N = -obj_N
-        elif loss_function in ("ppo", "cispo"):
-            lo, hi = config["clip_low_threshold"], config["clip_high_threshold"]
-            clipped_N = np.clip(ratio_N, lo, hi)
-            if loss_function == "ppo":
-                unclipped_obj_N = ratio_N * adv_N
-                clipped_obj_N = clipped_N * adv_N
-                # min() picks the unclipped branch (gradient r·A) or the clipped one, whose
-                # gradient is zero wherever it is strictly smaller (r outside [lo, hi]).
-                takes_unclipped_N = unclipped_obj_N <= clipped_obj_N
-                obj_N = mask_N * np.minimum(unclipped_obj_N, clipped_obj_N)
-                grad_N = np.where(takes_unclipped_N, -ratio_N * m_adv_N, 0.0)
-            else:
-                obj_N = clipped_N * p_N * m_adv_N
-                grad_N = -clipped_N * m_adv_N
-        else:
-            raise ValueError(f"unsupported loss function {loss_function!r}")
-        obj_N = np.where(live_N, obj_N, 0.0)
-        grad_N = np.where(live_N, grad_N, 0.0)
-    return float(-obj_N.sum()), grad_N
+    return _loss(loss_function).terms(logprobs_N, inputs, config)

@@ -34,17 +34,12 @@ from typing import Callable, ParamSpec, Sequence, TypeVar
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from .losses import LOSS_SPECS, flatten_loss_inputs, loss_terms, resolve_loss_config
-from .optim import AdamWState, adamw_step, global_norm
+from .losses import flatten_loss_inputs, loss_terms, resolve_loss_config
 from .sampling import SampledSequence, sample_rows
-from .specs import (BASE_MODEL_ID, BASE_MODEL_SPECS, BASE_MODELS, BOS_TOKEN, EOS_TOKEN,
-                    VOCAB_SIZE, Lora, LossResult, ModelSpec, NonFiniteLossError, lora_key)
+from .specs import (BASE_MODEL_SPECS, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, Lora, LossResult,
+                    ModelSpec, NonFiniteLossError, lora_key)
 
-__all__ = [
-    "BASE_MODEL_ID", "BOS_TOKEN", "EOS_TOKEN", "VOCAB_SIZE", "BASE_MODEL_SPECS", "BASE_MODELS",
-    "ModelSpec", "BaseModel", "Lora", "LossResult", "SampledSequence", "LOSS_SPECS", "AdamWState",
-    "adamw_step", "global_norm", "get_base_model", "lora_key", "NonFiniteLossError",
-]
+__all__ = ["BaseModel", "get_base_model"]
 
 _EMA_BLOCK = 64  # block length of the EMA scan; d**-63 ~ 1.3e6 keeps it well conditioned
 _ROW_CHUNK = 1024  # rows of (rows, V) logits handled at once: ~2 MB, stays in cache

@@ -26,7 +26,7 @@ class AdamWState:
     t: int = 0
 
     @classmethod
-    def zeros_like(cls, params: dict[str, np.ndarray]) -> "AdamWState":
+    def zeros_like(cls, params: dict[str, np.ndarray]) -> AdamWState:
         """Fresh state (t = 0) with explicit zero moments shaped like ``params``."""
         return cls(
             m={k: np.zeros_like(a) for k, a in params.items()},
@@ -34,7 +34,7 @@ class AdamWState:
             t=0,
         )
 
-    def copy(self) -> "AdamWState":
+    def copy(self) -> AdamWState:
         """Deep copy (arrays copied), for checkpoints that must not alias live training state."""
         return AdamWState(
             m={k: a.copy() for k, a in self.m.items()},

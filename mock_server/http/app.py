@@ -1,139 +1,84 @@
-"""``create_app``: the route table, the envelope middleware and the wiring of one Backend."""
+"""``create_app``: one Backend behind the route table, wrapped in the mock's middleware.
+
+From the inside out: the routes (:mod:`.routes`) with the envelope exception handlers, any
+extra middleware the caller passes, ``EnvelopeMiddleware`` (request ids, 500s), the fault
+middleware when the control plane is on, and the request log outermost.
+"""
 
 from __future__ import annotations
 
-import logging
-import os
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
-from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.middleware import Middleware
 
-from . import endpoints as r
+from ..backend.config import DEFAULT_API_KEY, Features, Limits
 from ..backend.errors import WhitneyError
-from ..backend.config import Features, Limits
-from ..backend.primitives import PREPARERS
 from ..backend.state import Backend
+from .control import control_routes, install_faults
+from .endpoints import BodyReader, http_error, read_json, whitney_error
+from .logs import RequestLogMiddleware
+from .responses import EnvelopeMiddleware
+from .routes import starlette_routes
 
-logger = logging.getLogger("mock_server")
-
-API = "/v1/training"
-
-
-class EnvelopeMiddleware:
-    """TRANSPORT-1 ``X-Request-Id`` on every response, and a 500 envelope for any crash.
-
-    Starlette's ServerErrorMiddleware re-raises after answering; the mock must answer in the
-    contract's envelope and keep serving, so unexpected exceptions stop here.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = None
-        for name, value in scope["headers"]:
-            if name == b"x-request-id":
-                request_id = value.decode("latin-1")[:200]
-                break
-        request_id = request_id or os.urandom(16).hex()  # uuid4().hex's format, 5x cheaper
-        scope.setdefault("state", {})["request_id"] = request_id
-        started = False
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", request_id.encode("latin-1")))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        except ClientDisconnect:  # the client hung up before its body was read: no one to answer
-            return
-        except Exception:
-            logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            if started:
-                raise
-            body = orjson.dumps({"error": {"type": "internal_error",
-                                           "message": "the mock hit an internal error",
-                                           "details": {"request_id": request_id}}})
-            await send_with_id({"type": "http.response.start", "status": 500,
-                                "headers": [(b"content-type", b"application/json"),
-                                            (b"content-length", str(len(body)).encode())]})
-            await send_with_id({"type": "http.response.body", "body": body})
+__all__ = ["create_app"]
 
 
-def routes() -> list[Route]:
-    # Primitives first: Starlette tries routes in order, and they are the hot ones.
-    table = [Route(f"{API}/runs/{{run_id}}/{name}", r.primitive_endpoint(name), methods=["POST"])
-             for name in PREPARERS]
-    table += [
-        Route(f"{API}/capabilities", r.capabilities, methods=["GET"]),
-        Route(f"{API}/sessions", r.create_session, methods=["POST"]),
-        Route(f"{API}/sessions/{{session_id}}", r.get_session, methods=["GET"]),
-        Route(f"{API}/sessions/{{session_id}}/heartbeat", r.heartbeat, methods=["POST"]),
-        Route(f"{API}/sessions/{{session_id}}/close", r.close_session, methods=["POST"]),
-        Route(f"{API}/sessions/{{session_id}}/runs", r.create_run, methods=["POST"]),
-        Route(f"{API}/runs/{{run_id}}", r.get_run, methods=["GET"]),
-        Route(f"{API}/runs/{{run_id}}/finish", r.finish_run, methods=["POST"]),
-        Route(f"{API}/runs/{{run_id}}/cancel", r.cancel_run, methods=["POST"]),
-        Route(f"{API}/runs/{{run_id}}/operations/{{seq:int}}", r.get_operation, methods=["GET"]),
-        Route(f"{API}/runs/{{run_id}}/exports/{{export_id}}/{{name}}", r.get_export_file,
-              methods=["GET"]),
-    ]
-    return table
-
-
-def create_app(*, api_keys: tuple[str, ...] | list[str] = ("whitney-mock-key",), seed: int = 0,
+def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
                limits: Limits | dict[str, Any] | None = None, order_wait_ms: int | None = None,
                cancel_delay_ms: int = 50, features: Features | None = None,
-               control_plane: bool = False, violations: frozenset[str] | set[str] = frozenset(),
-               clock: Any = None, closed_retention: int = 256) -> Starlette:
+               control_plane: bool = False, violations: Iterable[str] = frozenset(),
+               clock: Callable[[], float] | None = None, closed_retention: int = 256,
+               backend_factory: Callable[..., Backend] = Backend,
+               body_reader: BodyReader = read_json,
+               middleware: Sequence[Middleware] = ()) -> Starlette:
     """Build a mock Whitney server as an ASGI app.
 
     ``api_keys``: accepted bearer keys (each its own tenant, SEC-2). ``seed``: ids and unseeded
     sampling. ``limits``: a ``Limits`` or a dict of overrides; ``order_wait_ms`` overrides
     ``limits.order_wait_ms`` (ORD-2). ``cancel_delay_ms``: time spent in ``cancelling``
-    (LIFE-7). ``control_plane``: serve ``/_mock/`` (trace, faults, reset). ``violations``:
-    in-process contract violations used to prove the conformance suite can fail (see
-    ``mock_server.violations``); never reachable over HTTP. ``closed_retention``: how many
-    closed or expired sessions stay readable (their weights are freed at once; older ones
-    are forgotten, so memory stays flat). ``clock``: a ``time.time``-like callable for tests.
+    (LIFE-7). ``control_plane``: serve ``/_mock/`` (trace, faults, reset). ``closed_retention``:
+    how many closed or expired sessions stay readable (their weights are freed at once; older
+    ones are forgotten, so memory stays flat). ``clock``: a ``time.time``-like callable for
+    tests.
+
+    ``violations``: in-process contract violations that prove the conformance suite can fail,
+    never reachable over HTTP. They live in ``mock_server.testing``; a non-empty set is handed
+    to ``mock_server.testing.switches.create_app_with`` (the one import of ``testing`` from
+    here, made only then).
+
+    The seams that ``testing`` builds on: ``backend_factory`` (called with the backend's
+    keyword arguments; a ``Backend`` subclass), ``body_reader`` (request bytes to the JSON
+    value to validate), ``middleware`` (ASGI middleware just outside the routes, inside the
+    request-id and 500 envelope).
     """
+    if violations:
+        from ..testing.switches import create_app_with
+
+        return create_app_with(
+            violations=violations, api_keys=api_keys, seed=seed, limits=limits,
+            order_wait_ms=order_wait_ms, cancel_delay_ms=cancel_delay_ms, features=features,
+            control_plane=control_plane, clock=clock, closed_retention=closed_retention)
     base_limits = limits if isinstance(limits, Limits) else Limits().with_overrides(limits)
     if order_wait_ms is not None:
         base_limits = base_limits.with_overrides({"order_wait_ms": order_wait_ms})
-    kwargs: dict[str, Any] = {}
-    if clock is not None:
-        kwargs["clock"] = clock
-    backend = Backend(api_keys=tuple(api_keys), seed=seed, limits=base_limits,
-                      features=features, cancel_delay_ms=cancel_delay_ms,
-                      violations=frozenset(violations), closed_retention=closed_retention,
-                      **kwargs)
-    table = routes()
+    clock_option = {} if clock is None else {"clock": clock}
+    backend = backend_factory(api_keys=tuple(api_keys), seed=seed, limits=base_limits,
+                              features=features, cancel_delay_ms=cancel_delay_ms,
+                              closed_retention=closed_retention, **clock_option)
+    routes = starlette_routes()
     if control_plane:
-        from .control import control_routes
-
-        table += control_routes()
-    app = Starlette(routes=table,
-                    exception_handlers={WhitneyError: r.whitney_error, HTTPException: r.http_error})
+        routes += control_routes()
+    app = Starlette(routes=routes,
+                    exception_handlers={WhitneyError: whitney_error, HTTPException: http_error})
     app.state.backend = backend
+    app.state.body_reader = body_reader
+    for extra in reversed(middleware):  # add_middleware wraps: the first given ends up outer
+        app.add_middleware(extra.cls, *extra.args, **extra.kwargs)
     app.add_middleware(EnvelopeMiddleware)
     if control_plane:  # outside the envelope: a drop must escape it (see faults.py)
-        from .control import install_faults
-
         install_faults(app)
-    from .logs import RequestLogMiddleware
-
     app.add_middleware(RequestLogMiddleware)  # outermost: logs what the client gets
     return app

@@ -2,7 +2,7 @@
 
 Not part of the Whitney contract, off unless ``create_app(control_plane=True)``, and behind the
 same bearer auth as the contract (SEC-1). The fault kinds and how they match calls are described
-in :mod:`mock_server.faults`; ``openapi.yaml`` (tag ``mock-control-plane``) has the bodies.
+in :mod:`mock_server.http.faults`; ``openapi.yaml`` (tag ``mock-control-plane``) has the bodies.
 
 - ``GET /_mock/trace[?run_id=]``  executed primitives per run, in seq order (ORD-4 records);
 - ``GET|POST|DELETE /_mock/faults`` list, arm, clear faults;
@@ -13,17 +13,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ..backend import schemas
-from ..backend.errors import NotFound, ValidationFailed
-from .faults import FaultMiddleware, FaultRegistry, parse_fault
 from ..backend.config import Limits
+from ..backend.errors import NotFound, ValidationFailed
 from ..backend.state import Backend
+from .endpoints import read_body
+from .faults import FaultMiddleware, FaultRegistry, parse_fault
+from .responses import json_response
 
 __all__ = ["control_routes", "install_faults"]
 
@@ -40,16 +41,12 @@ def install_faults(app: Any) -> FaultRegistry:
 
 
 # -- endpoints --------------------------------------------------------------------------------
-class ResetBody(schemas._Body):
+class ResetBody(schemas.Body):
     seed: Annotated[int, Field(ge=0, le=schemas.INT64_MAX)] | None = None
     limits: dict[str, int] | None = None
     api_keys: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None \
         = None
     cancel_delay_ms: Annotated[int, Field(ge=0, le=600_000)] | None = None
-
-
-def _json(content: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(content), status_code=status, media_type="application/json")
 
 
 def _authorized(request: Request) -> tuple[Backend, FaultRegistry]:
@@ -59,8 +56,6 @@ def _authorized(request: Request) -> tuple[Backend, FaultRegistry]:
 
 
 async def _payload(request: Request) -> Any:
-    from .endpoints import read_body
-
     return schemas.parse_json(await read_body(request))
 
 
@@ -70,20 +65,20 @@ async def trace(request: Request) -> Response:
     run_id = request.query_params.get("run_id")
     if run_id is not None and run_id not in backend.runs:
         raise NotFound(f"run {run_id!r} not found")
-    return _json({"runs": backend.trace(run_id)})
+    return json_response({"runs": backend.trace(run_id)})
 
 
 async def list_faults(request: Request) -> Response:
     """``GET /_mock/faults``: every fault added since the last reset, with its counters."""
     _, registry = _authorized(request)
-    return _json({"faults": [f.view() for f in registry.faults]})
+    return json_response({"faults": [f.view() for f in registry.faults]})
 
 
 async def add_fault(request: Request) -> Response:
     """``POST /_mock/faults``: register one fault (201 with its view)."""
     _, registry = _authorized(request)
     fault = registry.add(parse_fault(await _payload(request)))
-    return _json(fault.view(), 201)
+    return json_response(fault.view(), 201)
 
 
 async def clear_faults(request: Request) -> Response:
@@ -91,7 +86,7 @@ async def clear_faults(request: Request) -> Response:
     _, registry = _authorized(request)
     cleared = len(registry.faults)
     registry.faults.clear()
-    return _json({"cleared": cleared})
+    return json_response({"cleared": cleared})
 
 
 async def reset(request: Request) -> Response:
@@ -112,7 +107,7 @@ async def reset(request: Request) -> Response:
                                else body.cancel_delay_ms)
     backend.reset()
     registry.faults.clear()
-    return _json({"seed": backend.seed, "limits": limits.as_dict(),
+    return json_response({"seed": backend.seed, "limits": limits.as_dict(),
                   "cancel_delay_ms": backend.cancel_delay_ms,
                   "api_key_count": len(backend.api_keys)})
 

@@ -1,40 +1,42 @@
-"""HTTP endpoints (Starlette): parse and validate, call the Backend, render JSON.
+"""HTTP endpoints (Starlette): read and validate the body, call the Backend, render JSON.
 
-This is the only module that turns ``WhitneyError`` into the ERR-1 envelope. It holds no state
-of its own: every endpoint reads ``request.app.state.backend``.
+Endpoints hold no state of their own: each reads ``request.app.state.backend`` and, for
+bodies, ``request.app.state.body_reader`` (:func:`read_json` unless the app was built with
+another reader). A ``WhitneyError`` raised anywhere below becomes the ERR-1 envelope in
+:func:`whitney_error`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..backend import schemas
-from ..testing import violations as _violations
 from ..backend.errors import BodyTooLarge, WhitneyError
+from ..backend.primitives import PRIMITIVES
 from ..backend.state import Backend
+from .responses import error_response, json_response
+
+__all__ = ["BodyReader", "http_error", "primitive_endpoint", "read_json", "read_body",
+           "whitney_error"]
+
+#: ``read(raw, model) -> payload``: a request body's bytes to the JSON value validated against
+#: ``model`` (the model lets a reader treat request types differently).
+BodyReader = Callable[[bytes, type[schemas.Body]], Any]
 
 
-def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    body = content if isinstance(content, bytes) else orjson.dumps(content)
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-
-def error_response(exc: WhitneyError) -> Response:
-    headers = {}
-    if exc.status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return json_response(exc.envelope(), exc.status, headers)
+def read_json(raw: bytes, model: type[schemas.Body]) -> Any:
+    """The faithful reader: strict RFC 8259 JSON, an empty body read as ``{}`` (ERR-2)."""
+    return schemas.parse_json(raw)
 
 
 async def whitney_error(request: Request, exc: Exception) -> Response:
+    """Every ``WhitneyError`` in the ERR-1 envelope."""
     assert isinstance(exc, WhitneyError)
-    if exc.status == 401 and "unauthorized_not_enveloped" in _backend(request).violations:
-        return json_response(_violations.bare_401_body(exc.message), 401)
     return error_response(exc)
 
 
@@ -42,13 +44,13 @@ async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 in the envelope, not plain text (ERR-1)."""
     assert isinstance(exc, HTTPException)
     kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    headers = dict(exc.headers or {})
-    return json_response({"error": {"type": kind, "message": str(exc.detail), "details": {}}},
-                         exc.status_code, headers)
+    return error_response(WhitneyError(str(exc.detail), type=kind, status=exc.status_code),
+                          exc.headers)
 
 
 def _backend(request: Request) -> Backend:
-    return request.app.state.backend
+    backend: Backend = request.app.state.backend
+    return backend
 
 
 def _key(request: Request) -> str:
@@ -75,12 +77,10 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def _body(request: Request, model: type[schemas._Body]) -> tuple[Any, Any]:
-    raw = await read_body(request)
-    payload = (_violations.lenient_json(raw) if "nan_accepted" in _backend(request).violations
-               else schemas.parse_json(raw))
-    if _backend(request).violations:
-        payload = _violations.rewrite_body(_backend(request).violations, model, payload)
+async def _body(request: Request, model: type[schemas.Body]) -> tuple[Any, Any]:
+    """The validated body and the JSON payload it came from."""
+    read: BodyReader = request.app.state.body_reader
+    payload = read(await read_body(request), model)
     return schemas.validate(model, payload), payload
 
 
@@ -158,9 +158,9 @@ async def get_export_file(request: Request) -> Response:
 
 
 # -- primitives (ORD-1..5) ------------------------------------------------------------------
-def primitive_endpoint(primitive: str) -> Any:
+def primitive_endpoint(primitive: str) -> Callable[[Request], Awaitable[Response]]:
     """One endpoint per primitive: validate, then execute at the body's turn in the sequence."""
-    model = schemas.PRIMITIVE_BODIES[primitive]
+    model = PRIMITIVES[primitive].body
 
     async def endpoint(request: Request) -> Response:
         key = _key(request)

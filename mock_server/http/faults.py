@@ -1,8 +1,8 @@
 """Fault injection for the mock's control plane (contract §5), as ASGI middleware.
 
 Not part of the Whitney contract; installed by ``create_app(control_plane=True)`` and armed
-through ``POST /_mock/faults`` (:mod:`mock_server.control`). Faults wrap the app, so the state
-machine never knows about them: a fault that answers *before* the request reaches the backend
+through ``POST /_mock/faults`` (:mod:`mock_server.http.control`). Faults wrap the app, so the
+state machine never knows about them: a fault that answers *before* the request reaches the backend
 consumes no seq (like a 5xx from a load balancer, ORD-4); one marked ``after_execute`` lets the
 backend execute and record the request first (so a retry with the same seq gets the recorded
 response back, ORD-3).
@@ -24,13 +24,13 @@ Fault kinds (``POST /_mock/faults``):
 - ``fail_run`` move ``run_id`` to ``failed`` now, or when the next matching call arrives (that
                call then meets the failed run: 409 ``run_not_active``).
 
-A fault matches a call by endpoint name (a primitive such as ``optim_step``, or one of
-``ENDPOINTS``) and optionally ``run_id``. It lets the first ``skip`` matching calls through, then
-fires on each later matching call with probability ``probability`` (drawn from
-``random.Random(seed)``, ``seed`` defaulting to the mock's seed, so a faulty run replays
-exactly), at most ``count`` times (``null``: until reset). Faults are checked in the order they
-were added; every matching ``latency`` fault adds its delay, the first other fault that fires
-answers the call.
+A fault matches a call by route name (a primitive such as ``optim_step``, or any other route of
+:data:`mock_server.http.routes.ROUTES`, such as ``get_run``) and optionally ``run_id``. It lets
+the first ``skip`` matching calls through, then fires on each later matching call with
+probability ``probability`` (drawn from ``random.Random(seed)``, ``seed`` defaulting to the
+mock's seed, so a faulty run replays exactly), at most ``count`` times (``null``: until reset).
+Faults are checked in the order they were added; every matching ``latency`` fault adds its
+delay, the first other fault that fires answers the call.
 """
 
 from __future__ import annotations
@@ -38,69 +38,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import re
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import httpx
-import orjson
 from pydantic import Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..backend import schemas
-from ..backend.errors import NotFound, ValidationFailed
-from ..backend.primitives import PREPARERS
+from ..backend.errors import NotFound, ValidationFailed, WhitneyError
 from ..backend.state import Backend
+from .responses import error_messages, request_id
+from .routes import ROUTES, match
 
-__all__ = ["ENDPOINTS", "FAULT_KINDS", "Fault", "FaultMiddleware", "FaultRegistry", "InjectedDrop",
-           "TARGETS", "classify", "parse_fault"]
+__all__ = ["FAULT_KINDS", "Fault", "FaultMiddleware", "FaultRegistry", "InjectedDrop", "TARGETS",
+           "classify", "parse_fault"]
 
-API = "/v1/training"
-FAULT_KINDS = ("error", "throttle", "latency", "drop", "fail_run")
-
-#: Endpoint names a fault can target besides the primitives: method, path under /v1/training.
-ENDPOINTS: dict[str, tuple[str, str]] = {
-    "capabilities": ("GET", r"capabilities"),
-    "create_session": ("POST", r"sessions"),
-    "get_session": ("GET", r"sessions/[^/]+"),
-    "heartbeat": ("POST", r"sessions/[^/]+/heartbeat"),
-    "close_session": ("POST", r"sessions/[^/]+/close"),
-    "create_run": ("POST", r"sessions/[^/]+/runs"),
-    "get_run": ("GET", r"runs/(?P<run>[^/]+)"),
-    "finish_run": ("POST", r"runs/(?P<run>[^/]+)/finish"),
-    "cancel_run": ("POST", r"runs/(?P<run>[^/]+)/cancel"),
-    "get_operation": ("GET", r"runs/(?P<run>[^/]+)/operations/[^/]+"),
-    "get_export_file": ("GET", r"runs/(?P<run>[^/]+)/exports/[^/]+/[^/]+"),
-}
-_PATTERNS = [(method, re.compile(pattern), name) for name, (method, pattern) in ENDPOINTS.items()]
-_PRIMITIVE = re.compile(r"runs/(?P<run>[^/]+)/(?P<name>[a-z_]+)")
-TARGETS = frozenset(PREPARERS) | frozenset(ENDPOINTS)
+#: The names a fault can target: every route of the contract.
+TARGETS = frozenset(spec.name for spec in ROUTES)
 _DEFAULT_ERROR_TYPES = {500: "internal_error", 502: "bad_gateway", 503: "service_unavailable",
                         504: "gateway_timeout"}
 
 
 def classify(method: str, path: str) -> tuple[str, str | None] | None:
-    """``(endpoint name, run_id or None)`` of a contract request, ``None`` for anything else."""
-    if not path.startswith(API + "/"):
+    """``(route name, run_id or None)`` of a contract request, ``None`` for anything else."""
+    found = match(method, path)
+    if found is None:
         return None
-    rest = path[len(API) + 1:]
-    match = _PRIMITIVE.fullmatch(rest)
-    if method == "POST" and match and match["name"] in PREPARERS:
-        return match["name"], match["run"]
-    for route_method, pattern, name in _PATTERNS:
-        match = pattern.fullmatch(rest)
-        if match and method == route_method:
-            return name, match.groupdict().get("run")
-    return None
+    spec, params = found
+    return spec.name, params.get("run_id")
 
 
 # -- fault specifications (validated like contract bodies: strict, unknown fields 422) --------
 Count = Annotated[int, Field(ge=1)] | None
 
 
-class _FaultBase(schemas._Body):
+class _FaultBase(schemas.Body):
     primitive: str | None = None
     run_id: str | None = None
     count: Count = 1
@@ -109,7 +83,7 @@ class _FaultBase(schemas._Body):
     seed: Annotated[int, Field(ge=0, le=schemas.INT64_MAX)] | None = None
 
 
-class ErrorDetail(schemas._Body):
+class ErrorDetail(schemas.Body):
     type: str | None = None
     message: str | None = None
     details: dict[str, Any] | None = None
@@ -143,19 +117,21 @@ class FailRunFault(_FaultBase):
     reason: str = "failed by the mock control plane"
 
 
-_FAULT_MODELS: dict[str, type[schemas._Body]] = {
+#: Every fault kind and its specification, the one table ``POST /_mock/faults`` reads.
+FAULT_MODELS: dict[str, type[_FaultBase]] = {
     "error": ErrorFault, "throttle": ThrottleFault, "latency": LatencyFault, "drop": DropFault,
     "fail_run": FailRunFault,
 }
+FAULT_KINDS = tuple(FAULT_MODELS)
 
 
 def parse_fault(payload: Any) -> Any:
     """Validate a ``POST /_mock/faults`` body; 422 in the envelope for anything wrong."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
-    if kind not in _FAULT_MODELS:
+    if kind not in FAULT_MODELS:
         raise ValidationFailed(f"kind must be one of {list(FAULT_KINDS)}, got {kind!r}",
                                details={"loc": "kind", "kinds": list(FAULT_KINDS)})
-    spec = schemas.validate(_FAULT_MODELS[kind], payload)
+    spec = schemas.validate(FAULT_MODELS[kind], payload)
     if spec.primitive is not None and spec.primitive not in TARGETS:
         raise ValidationFailed(f"primitive {spec.primitive!r} is not a primitive or endpoint "
                                f"name", details={"loc": "primitive", "known": sorted(TARGETS)})
@@ -275,23 +251,6 @@ async def _drain(receive: Receive) -> None:
             return
 
 
-def _request_id(scope: Scope) -> str:
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            return str(value.decode("latin-1"))[:200]  # as EnvelopeMiddleware (TRANSPORT-1)
-    return uuid.uuid4().hex
-
-
-def _envelope_messages(status: int, inner: dict[str, Any], request_id: str,
-                       extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[Message]:
-    body = orjson.dumps({"error": inner})
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode()),
-               (b"x-request-id", request_id.encode("latin-1")), *extra]
-    return [{"type": "http.response.start", "status": status, "headers": headers},
-            {"type": "http.response.body", "body": body}]
-
-
 class FaultMiddleware:
     """Applies the registry's faults to contract requests (see the module docstring)."""
 
@@ -322,44 +281,52 @@ class FaultMiddleware:
             return
         if fault.kind == "throttle":
             await _drain(receive)
-            inner = {"type": "rate_limited", "message": f"throttled by an injected fault "
-                     f"({fault.fault_id}); retry after {spec.retry_after} s",
-                     "details": {"retry_after": spec.retry_after, "fault_id": fault.fault_id}}
-            for message in _envelope_messages(429, inner, _request_id(scope),
-                                              ((b"retry-after", str(spec.retry_after).encode()),)):
-                await send(message)
+            throttled = WhitneyError(f"throttled by an injected fault ({fault.fault_id}); retry "
+                                     f"after {spec.retry_after} s", type="rate_limited",
+                                     status=429, details={"retry_after": spec.retry_after,
+                                                          "fault_id": fault.fault_id})
+            await _send_all(send, error_messages(
+                throttled, _id_header(scope), (b"retry-after", str(spec.retry_after).encode())))
             return
-        if not spec.after_execute:
-            await _drain(receive)
-            request_id = _request_id(scope)
-            start: Message | None = None
+        start: Message | None = None
+        if spec.after_execute:
+            start = await self._execute_captured(scope, receive)
         else:
-            start, request_id = await self._execute_captured(scope, receive)
+            await _drain(receive)
         if fault.kind == "drop":
             if start is None:  # headers of a 502 that never completes: still a dropped response
-                start = _envelope_messages(502, {}, request_id)[0]
+                dropped = WhitneyError("dropped by an injected fault", type="bad_gateway",
+                                       status=502)
+                start = error_messages(dropped, _id_header(scope))[0]
             await send(start)
             logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)  # idempotent
             raise InjectedDrop(f"{fault.fault_id} dropped the response to {where}"
                                f"{' after executing it' if spec.after_execute else ''}")
         error = spec.error or ErrorDetail()
-        inner = {"type": error.type or _DEFAULT_ERROR_TYPES.get(spec.status, "injected_error"),
-                 "message": error.message or f"injected fault {fault.fault_id}: {spec.status} on "
-                                             f"{where}",
-                 "details": error.details if error.details is not None
-                 else {"fault_id": fault.fault_id, "executed": spec.after_execute}}
-        for message in _envelope_messages(spec.status, inner, request_id):
-            await send(message)
+        injected = WhitneyError(
+            error.message or f"injected fault {fault.fault_id}: {spec.status} on {where}",
+            type=error.type or _DEFAULT_ERROR_TYPES.get(spec.status, "injected_error"),
+            status=spec.status,
+            details=error.details if error.details is not None
+            else {"fault_id": fault.fault_id, "executed": spec.after_execute})
+        await _send_all(send, error_messages(injected, _id_header(scope)))
 
-    async def _execute_captured(self, scope: Scope, receive: Receive) -> tuple[Message, str]:
-        """Let the backend execute the request; keep its response instead of sending it."""
+    async def _execute_captured(self, scope: Scope, receive: Receive) -> Message:
+        """Let the backend execute the request; keep its response start instead of sending it."""
         captured: list[Message] = []
 
         async def capture(message: Message) -> None:
             captured.append(message)
 
         await self.app(scope, receive, capture)
-        start = next(m for m in captured if m["type"] == "http.response.start")
-        request_id = next((v.decode("latin-1") for k, v in start.get("headers", [])
-                           if k.lower() == b"x-request-id"), None) or _request_id(scope)
-        return start, request_id
+        return next(m for m in captured if m["type"] == "http.response.start")
+
+
+def _id_header(scope: Scope) -> tuple[bytes, bytes]:
+    """TRANSPORT-1 on an injected answer (this middleware sits outside the envelope's)."""
+    return b"x-request-id", request_id(scope).encode("latin-1")
+
+
+async def _send_all(send: Send, messages: list[Message]) -> None:
+    for message in messages:
+        await send(message)

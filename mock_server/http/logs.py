@@ -7,8 +7,9 @@ The line is logfmt (``key=value``, values with spaces quoted)::
 
 and the same fields ride on the record as ``record.whitney_request`` (a dict) for JSON
 formatters. When the logger is not enabled for INFO the middleware passes requests straight
-through: nothing is buffered or parsed. ``seq`` is found in the raw body of primitive calls with
-a regular expression; only a body where it is ambiguous (``"seq"`` more than once) is parsed.
+through: nothing is buffered or parsed. ``run`` comes from the route table (:mod:`.routes`);
+``seq`` is found in the raw body of primitive calls with a regular expression; only a body where
+it is ambiguous (``"seq"`` more than once) is parsed.
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..backend.primitives import PREPARERS
+from ..backend.primitives import PRIMITIVES
+from .routes import match
 
 __all__ = ["REQUEST_LOGGER", "RequestLogMiddleware", "configure_logging", "format_fields"]
 
 REQUEST_LOGGER = "mock_server.requests"
 logger = logging.getLogger(REQUEST_LOGGER)
 
-_PRIMITIVE_PATH = re.compile(r"/v1/training/runs/(?P<run>[^/]+)/(?P<name>[a-z_]+)")
-_RUN_PATH = re.compile(r"/v1/training/runs/(?P<run>[^/]+)")
 _SEQ = re.compile(rb'"seq"\s*:\s*(-?\d+)')
 _BARE = re.compile(r"[^\s\"=\\]+")
 
@@ -79,10 +79,9 @@ class RequestLogMiddleware:
             return
         started = time.perf_counter()
         path: str = scope["path"]
-        primitive = _PRIMITIVE_PATH.fullmatch(path)
-        capture = scope["method"] == "POST" and primitive is not None \
-            and primitive["name"] in PREPARERS
-        run = _RUN_PATH.match(path)
+        route = match(None, path)
+        spec, params = route if route is not None else (None, {})
+        capture = spec is not None and spec.name in PRIMITIVES and scope["method"] == spec.method
         chunks: list[bytes] = []
         response: dict[str, Any] = {"status": None, "replayed": False, "request_id": None}
 
@@ -115,7 +114,7 @@ class RequestLogMiddleware:
             fields = {
                 "method": scope["method"], "path": path, "status": response["status"],
                 "ms": f"{(time.perf_counter() - started) * 1000:.1f}",
-                "run": run["run"] if run else None, "seq": seq,
+                "run": params.get("run_id"), "seq": seq,
                 "replayed": response["replayed"],
                 "fault": scope.get("state", {}).get("whitney_fault"),
                 "request_id": response["request_id"], "error": error,

@@ -25,15 +25,15 @@ from typing import Any
 
 import httpx
 
-from ..http.app import create_app
+from ..backend.config import DEFAULT_API_KEY
 from ..backend.state import Backend
+from ..http.app import create_app
 from ..transport import InProcessTransport
 
-__all__ = ["DEFAULT_API_KEY", "IN_PROCESS_BASE_URL", "MockControlError", "MockWhitney", "TraceEntry"]
+__all__ = ["DEFAULT_API_KEY", "IN_PROCESS_BASE_URL", "MockControlError", "MockWhitney",
+           "TraceEntry"]
 
-DEFAULT_API_KEY = "whitney-mock-key"
 IN_PROCESS_BASE_URL = "http://whitney.mock"
-API = "/v1/training"
 
 TraceEntry = dict[str, Any]  # {"seq": int, "primitive": str, "status": "completed" | "failed"}
 

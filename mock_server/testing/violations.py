@@ -1,28 +1,42 @@
 """Contract violations the mock can be built with, to prove the conformance suite can fail.
 
-``create_app(violations=frozenset({...}))`` switches them on; they are reachable only
-in-process (no HTTP route, no environment variable, no control-plane field). Each one breaks
-one rule the way a real server plausibly would. ``tests/test_conformance_violations.py``
-holds, for each switch, the exact set of rule ids the conformance suite must then fail, and
-proves it.
+``create_app(violations={...})`` (or :func:`mock_server.testing.switches.create_app_with`)
+switches them on; they are reachable only in-process (no HTTP route, no environment variable,
+no control-plane field). Each one breaks one rule the way a real server plausibly would.
+``tests/test_conformance_violations.py`` holds, for each switch, the exact set of rule ids the
+conformance suite must then fail, and proves it.
 
-The hooks in ``state.py`` and ``responses.py`` are one-line calls guarded by
-``if self.violations`` (or the switch name), so a faithful mock never enters this module.
+They are implemented here only, in three places a faithful mock has as trivial seams:
+
+- :class:`ViolatingBackend` overrides the ``Backend`` seams (one rule each);
+- :func:`violating_reader` wraps the app's request-body reader (parsing and body rewrites);
+- :class:`BareUnauthorized` is ASGI middleware for the one response-level switch.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
-from typing import TYPE_CHECKING, Any, get_args
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, get_args
 
 import numpy as np
-from pydantic import BaseModel
+import orjson
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..backend import schemas
 from ..backend.errors import WhitneyError
+from ..backend.records import Operation, Run, Session, Thunk
+from ..backend.state import Backend
+from ..engine.losses import LOSSES
+from ..engine.peft import ADAPTER_CONFIG
+from ..engine.specs import ModelSpec
+from ..http.endpoints import BodyReader
 
-if TYPE_CHECKING:
-    from ..backend.records import Run
-    from ..backend.state import Backend
+__all__ = ["VIOLATIONS", "BareUnauthorized", "ViolatingBackend", "violating_middleware",
+           "violating_reader"]
 
 VIOLATIONS: dict[str, str] = {
     "replay_reexecutes":
@@ -97,17 +111,119 @@ TORCH_ADAMW_DEFAULTS = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "ep
                         "weight_decay": 1e-2, "grad_clip_norm": 0.0}
 
 
-def check_names(names: frozenset[str]) -> frozenset[str]:
-    """Refuse unknown switch names (a typo must not silently test the faithful mock)."""
-    unknown = sorted(set(names) - set(VIOLATIONS))
-    if unknown:
-        raise ValueError(f"unknown violation(s) {unknown}; known: {sorted(VIOLATIONS)}")
-    return frozenset(names)
+# -- the state machine -------------------------------------------------------------------
+class ViolatingBackend(Backend):
+    """A ``Backend`` whose seams break the rules named in ``switches`` (a class attribute,
+    set on the subclass :func:`~mock_server.testing.switches.create_app_with` builds)."""
+
+    switches: frozenset[str] = frozenset()
+
+    def _unknown_key(self, token: str) -> str | None:
+        if "accepts_any_bearer" in self.switches:
+            return self.api_keys[0]
+        return super()._unknown_key(token)
+
+    def _hidden(self, what: str, *, foreign: bool) -> WhitneyError:
+        if foreign and "foreign_403" in self.switches:  # "this exists but is not yours"
+            return WhitneyError(f"{what} belongs to another key", type="forbidden", status=403)
+        return super()._hidden(what, foreign=foreign)
+
+    def capabilities(self) -> dict[str, Any]:
+        caps = super().capabilities()
+        if "ppo_default_advertised_wrong" in self.switches and "ppo" in caps["loss_functions"]:
+            caps["loss_functions"] = copy.deepcopy(caps["loss_functions"])
+            caps["loss_functions"]["ppo"]["config"]["clip_high_threshold"]["default"] = 1.3
+        return caps
+
+    def session_view(self, session: Session) -> dict[str, Any]:
+        view = super().session_view(session)
+        if "session_metadata_dropped" in self.switches:
+            view["metadata"] = {}
+        return view
+
+    def _extend(self, session: Session, ttl_seconds: int) -> None:
+        if "heartbeat_no_extend" not in self.switches:
+            super()._extend(session, ttl_seconds)
+
+    def _busy_runs(self, session: Session) -> list[str]:
+        if "close_with_active_runs" in self.switches:
+            return []
+        return super()._busy_runs(session)
+
+    def _expire_run(self, run: Run) -> None:
+        if "expiry_keeps_runs" not in self.switches:
+            super()._expire_run(run)
+
+    def _check_rank(self, rank: int, spec: ModelSpec) -> None:
+        if "rank_limit_unvalidated" not in self.switches:
+            super()._check_rank(rank, spec)
+
+    def _begin_cancel(self, run: Run) -> None:
+        super()._begin_cancel(run)
+        if "cancel_immediately_terminal" in self.switches:
+            run.state = "cancelled"
+
+    def _finish_terminal(self, run: Run) -> None:
+        if run.state == "cancelled" and "terminal_finish_mutates" in self.switches:
+            run.state = "finished"
+        super()._finish_terminal(run)
+
+    def _is_turn(self, run: Run, seq: int) -> bool:
+        return "no_ordering_holds" in self.switches or super()._is_turn(run, seq)
+
+    def _on_replay(self, run: Run, prepare: Callable[[], Thunk]) -> None:
+        if "replay_reexecutes" in self.switches:  # apply the replayed request's effect again
+            try:
+                prepare()()
+            except WhitneyError:
+                pass
+        super()._on_replay(run, prepare)
+
+    def _before_execute(self, run: Run, primitive: str) -> None:
+        if primitive == "forward_backward" and "grads_not_accumulated" in self.switches:
+            run.grads = None
+        super()._before_execute(run, primitive)
+
+    def _result(self, run: Run, primitive: str, result: dict[str, Any]) -> dict[str, Any]:
+        on = self.switches
+        if primitive in ("forward", "forward_backward") and "loss_mean" in on:
+            tokens = max(1, int(result["metrics"]["tokens"]))
+            result["loss"] = result["loss"] / tokens
+            result["metrics"]["loss:sum"] = result["loss"]
+        if primitive == "optim_step" and "snapshot_aliases_training" in on:
+            for version in run.versions.values():
+                version.lora = run.lora
+        if primitive == "sample":
+            if "sample_wrong_version" in on and run.versions:
+                newest = max(run.versions)
+                result["version"], result["step"] = newest, run.versions[newest].step
+            for seq in result["sequences"]:
+                if "sampler_logprobs_low_precision" in on:
+                    seq["logprobs"] = [float(np.float16(x)) for x in seq["logprobs"]]
+                if "stop_token_dropped" in on and seq["stop_reason"] == "stop" \
+                        and len(seq["tokens"]) > 1:
+                    seq["tokens"], seq["logprobs"] = seq["tokens"][:-1], seq["logprobs"][:-1]
+        if primitive == "export_lora" and "export_sha_mismatch" in on:
+            for entry in result["files"]:
+                if entry["name"] == ADAPTER_CONFIG:
+                    entry["sha256"] = hashlib.sha256(b"").hexdigest()
+        return super()._result(run, primitive, result)
+
+    def _on_failure(self, run: Run, error: WhitneyError) -> None:
+        if "failed_op_clears_gradients" in self.switches:
+            run.grads = None
+        super()._on_failure(run, error)
+
+    def _recorded(self, run: Run, seq: int) -> Operation | None:
+        op = super()._recorded(run, seq)
+        if op is not None and not op.ok and "failed_ops_unlogged" in self.switches:
+            return None
+        return op
 
 
-# -- request bodies (hook in responses._body) ------------------------------------------------
-def _submodel(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+# -- request bodies ----------------------------------------------------------------------
+def _submodel(annotation: Any) -> type[schemas.Body] | None:
+    if isinstance(annotation, type) and issubclass(annotation, schemas.Body):
         return annotation
     for arg in get_args(annotation):
         found = _submodel(arg)
@@ -116,7 +232,7 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _strip_unknown(model: type[BaseModel], payload: Any) -> Any:
+def _strip_unknown(model: type[schemas.Body], payload: Any) -> Any:
     if not isinstance(payload, dict):
         return payload
     out = {}
@@ -140,109 +256,87 @@ def _number_in(value: Any, low: float, high: float | None) -> bool:
     return low <= value and (high is None or value < high)
 
 
-def rewrite_body(violations: frozenset[str], model: type[BaseModel], payload: Any) -> Any:
+def _rewrite(switches: frozenset[str], model: type[schemas.Body], payload: Any) -> Any:
     """Body-level violations, applied after parsing and before validation."""
     if not isinstance(payload, dict):
         return payload
-    name = model.__name__
-    if "unknown_fields_ignored" in violations:
+    if "unknown_fields_ignored" in switches:
         payload = _strip_unknown(model, payload)
-    adamw = payload.get("adamw") if name == "OptimStep" else None
+    adamw = payload.get("adamw") if model is schemas.OptimStep else None
     if isinstance(adamw, dict):
         adamw = dict(adamw)
-        if "adamw_defaults" in violations:
+        if "adamw_defaults" in switches:
             adamw = {**TORCH_ADAMW_DEFAULTS, **adamw}
         # "Ignored" means accepted and validated, then not used: only valid values change.
-        if "grad_clip_ignored" in violations and _number_in(adamw.get("grad_clip_norm"), 0, None):
+        if "grad_clip_ignored" in switches and _number_in(adamw.get("grad_clip_norm"), 0, None):
             adamw["grad_clip_norm"] = 0.0
-        if "beta1_ignored" in violations and _number_in(adamw.get("beta1"), 0, 1):
+        if "beta1_ignored" in switches and _number_in(adamw.get("beta1"), 0, 1):
             adamw["beta1"] = 0.9
         payload = {**payload, "adamw": adamw}
-    if name == "Forward" and "substitutes_unknown_loss" in violations:
-        from ..engine.model import LOSS_SPECS
-
-        if payload.get("loss_function") not in LOSS_SPECS:
-            payload = {**payload, "loss_function": "importance_sampling"}
-    if name == "LoadState" and "load_state_keeps_optimizer" in violations:
+    if model is schemas.Forward and "substitutes_unknown_loss" in switches \
+            and payload.get("loss_function") not in LOSSES:
+        payload = {**payload, "loss_function": "importance_sampling"}
+    if model is schemas.LoadState and "load_state_keeps_optimizer" in switches:
         payload = {**payload, "with_optimizer": True}
-    if name == "Sample" and "seed_ignored" in violations and isinstance(payload.get("sampling"),
-                                                                      dict):
+    if model is schemas.Sample and "seed_ignored" in switches \
+            and isinstance(payload.get("sampling"), dict):
         payload = {**payload, "sampling": {**payload["sampling"], "seed": None}}
     return payload
 
 
-# -- execution (hooks in state.Backend.submit / _execute) ------------------------------------
-def reexecute(backend: "Backend", run: "Run", primitive: str, body: Any) -> None:
-    """replay_reexecutes: apply a replayed request's effect a second time."""
-    from ..backend.primitives import PREPARERS
+def violating_reader(switches: frozenset[str], read: BodyReader) -> BodyReader:
+    """Wrap the app's body reader ``read``: ``nan_accepted`` parses with Python's ``json``
+    (which reads NaN and Infinity literals), then the body-level switches rewrite the payload."""
 
-    try:
-        PREPARERS[primitive](backend, run, body)()
-    except WhitneyError:
-        pass
+    def read_violating(raw: bytes, model: type[schemas.Body]) -> Any:
+        if "nan_accepted" in switches:
+            try:
+                payload = json.loads(raw) if raw.strip() else {}
+            except (ValueError, UnicodeDecodeError):
+                payload = read(raw, model)  # truly malformed: the normal 400
+        else:
+            payload = read(raw, model)
+        return _rewrite(switches, model, payload)
 
-
-def before_execute(backend: "Backend", run: "Run", primitive: str) -> None:
-    if primitive == "forward_backward" and "grads_not_accumulated" in backend.violations:
-        run.grads = None
-
-
-def tamper_result(backend: "Backend", run: "Run", primitive: str,
-                  result: dict[str, Any]) -> dict[str, Any]:
-    """Result-level violations, applied to a primitive's successful result."""
-    v = backend.violations
-    if primitive in ("forward", "forward_backward") and "loss_mean" in v:
-        tokens = max(1, int(result["metrics"]["tokens"]))
-        result["loss"] = result["loss"] / tokens
-        result["metrics"]["loss:sum"] = result["loss"]
-    if primitive == "optim_step" and "snapshot_aliases_training" in v:
-        for version in run.versions.values():
-            version.lora = run.lora
-    if primitive == "sample":
-        if "sample_wrong_version" in v and run.versions:
-            newest = max(run.versions)
-            result["version"], result["step"] = newest, run.versions[newest].step
-        for seq in result["sequences"]:
-            if "sampler_logprobs_low_precision" in v:
-                seq["logprobs"] = [float(np.float16(x)) for x in seq["logprobs"]]
-            if "stop_token_dropped" in v and seq["stop_reason"] == "stop" \
-                    and len(seq["tokens"]) > 1:
-                seq["tokens"], seq["logprobs"] = seq["tokens"][:-1], seq["logprobs"][:-1]
-    if primitive == "export_lora" and "export_sha_mismatch" in v:
-        for entry in result["files"]:
-            if entry["name"] == "adapter_config.json":
-                entry["sha256"] = hashlib.sha256(b"").hexdigest()
-    return result
+    return read_violating
 
 
-def lenient_json(raw: bytes) -> Any:
-    """nan_accepted: Python's json module, which reads NaN and Infinity literals."""
-    import json
+# -- responses ---------------------------------------------------------------------------
+class BareUnauthorized:
+    """``unauthorized_not_enveloped``: every 401 answers a web framework's default body
+    ``{"detail": message}`` (no envelope, no ``WWW-Authenticate``)."""
 
-    from ..backend import schemas
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
-    try:
-        return json.loads(raw) if raw.strip() else {}
-    except (ValueError, UnicodeDecodeError):
-        return schemas.parse_json(raw)  # truly malformed: the normal 400
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        chunks: list[bytes] = []
+
+        async def send_bare(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = orjson.dumps({"detail": orjson.loads(b"".join(chunks))["error"]["message"]})
+            headers = [(name, value) for name, value in start.get("headers", [])
+                       if name.lower() not in (b"content-length", b"www-authenticate")]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, send_bare)
 
 
-def tamper_capabilities(violations: frozenset[str], caps: dict[str, Any]) -> dict[str, Any]:
-    """Capability-level violations (hook in state.Backend.capabilities)."""
-    if "ppo_default_advertised_wrong" in violations and "ppo" in caps["loss_functions"]:
-        import copy
-
-        caps["loss_functions"] = copy.deepcopy(caps["loss_functions"])
-        caps["loss_functions"]["ppo"]["config"]["clip_high_threshold"]["default"] = 1.3
-    return caps
-
-
-# -- errors (hooks in state._session / owned_run and responses.whitney_error) ----------------
-def forbidden(what: str) -> WhitneyError:
-    """foreign_403: the classic leak, 'this exists but is not yours'."""
-    return WhitneyError(f"{what} belongs to another key", type="forbidden", status=403)
-
-
-def bare_401_body(message: str) -> dict[str, Any]:
-    """unauthorized_not_enveloped: a web framework's default 401 body."""
-    return {"detail": message}
+def violating_middleware(switches: frozenset[str]) -> Sequence[Middleware]:
+    """The wire-level middleware the chosen switches need."""
+    return [Middleware(BareUnauthorized)] if "unauthorized_not_enveloped" in switches else []

@@ -1,0 +1,3 @@
+"""The numeric engine, numpy only: model specs (``specs``), the tiny LM (``model``), the loss
+table (``losses``), AdamW (``optim``), sampling (``sampling``) and the PEFT file format
+(``peft``). Imports nothing else of ``mock_server``."""
