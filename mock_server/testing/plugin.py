@@ -15,17 +15,23 @@ lines, ``whitney_mock_api_keys``) < command line (``--whitney-mock-seed N``,
 ``--whitney-mock-limit name=value``, ``--whitney-mock-api-key KEY``, both repeatable) < the
 marker ``@pytest.mark.whitney_mock(seed=..., limits={...}, api_keys=[...],
 cancel_delay_ms=...)`` on the test, class or module.
+
+Loading the plugin costs nothing: the mock (numpy, Starlette, pydantic, httpx ...) is imported
+when a fixture is first requested, so every pytest run of a project that merely has whitney-kit
+installed stays as fast as without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..backend.config import Limits
-from .mock import DEFAULT_API_KEY, MockWhitney
+from ..backend.config import DEFAULT_API_KEY, Limits
+
+if TYPE_CHECKING:
+    from .mock import MockWhitney
 
 MARKER = "whitney_mock"
 _MARKER_ARGS = frozenset({"seed", "limits", "api_keys", "cancel_delay_ms"})
@@ -111,6 +117,8 @@ def _settings(request: pytest.FixtureRequest) -> dict[str, Any]:
 @pytest.fixture
 def whitney_mock(request: pytest.FixtureRequest) -> Iterator[MockWhitney]:
     """A fresh in-process mock Whitney for this test (control plane on, no socket)."""
+    from .mock import MockWhitney
+
     with MockWhitney.in_process(**_settings(request)) as mock:
         yield mock
 
@@ -118,6 +126,8 @@ def whitney_mock(request: pytest.FixtureRequest) -> Iterator[MockWhitney]:
 @pytest.fixture(scope="session")
 def whitney_server_session(pytestconfig: pytest.Config) -> Iterator[MockWhitney]:
     """One uvicorn-served mock for the whole session; prefer ``whitney_server``."""
+    from .mock import MockWhitney
+
     with MockWhitney.serve(**_base_settings(pytestconfig)) as server:
         yield server
 
