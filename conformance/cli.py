@@ -4,8 +4,14 @@
     whitney-conformance                       # the embedded in-process mock
     whitney-conformance --only ORD --only VER-3 --keep-going --report-json out.json
 
+Profiles: ``--profile contract`` (default) checks what the contract requires of every
+deployment; ``--profile strict`` also checks the mock's exact shapes and choices
+(``strict.yaml``) and reports what only it finds as strict-only, never as a contract failure.
+
 Exit code: 0 when every MUST (and every check of a declared optional capability) passes,
-1 otherwise, 2 for usage errors, 130 when interrupted (resources are still cleaned up).
+1 when a contract rule fails, 3 under ``--profile strict`` when the contract passes but
+strict-only findings remain, 2 for usage errors, 130 when interrupted (resources are still
+cleaned up).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import os
 import sys
 from typing import Sequence
 
-from .options import Options
+from .options import PROFILES, Options
 
 __all__ = ["main", "build_parser"]
 
@@ -32,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--second-api-key", default=os.environ.get("WHITNEY_SECOND_API_KEY"),
                         help="a second tenant's key, for SEC-2 (env WHITNEY_SECOND_API_KEY); "
                              "without it SEC-2 is reported unsupported")
+    parser.add_argument("--profile", choices=PROFILES, default="contract",
+                        help="contract: only what every deployment must do (default); strict: "
+                             "also the mock's exact shapes, reported as strict-only findings "
+                             "(exit 3 when they are all that is left)")
     parser.add_argument("--only", action="append", default=[], metavar="RULE-PREFIX",
                         help="run only checks whose rule id starts with this (ORD, ORD-2, "
                              "ORD-2:seq-gap); repeatable or comma-separated. SCHEMA-1 and "
@@ -94,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"whitney-conformance: {exc}", file=sys.stderr)
         return 2
     console = Console()
-    options = Options(max_wait_seconds=args.max_wait, quota_probe=args.quota_probe,
-                      fuzz_examples=args.fuzz_examples)
+    options = Options(profile=args.profile, max_wait_seconds=args.max_wait,
+                      quota_probe=args.quota_probe, fuzz_examples=args.fuzz_examples)
     secrets = target.secrets()
 
     def progress(outcome) -> None:  # noqa: ANN001 - CheckOutcome, imported lazily

@@ -20,12 +20,37 @@ from .registry import CheckFailed, CheckUnsupported, CheckWarning
 from .payloads import adamw, ce_datum, loss_body
 from .wire import PRIMARY, TERMINAL, Reply, Wire
 
-__all__ = ["Ctx", "RunHandle", "SessionHandle", "Held", "RECORDED_FAILURES",
+__all__ = ["Ctx", "RunHandle", "SessionHandle", "Held", "RECORDED_FAILURES", "contract_view",
+           "same_view",
            "expect_status", "close", "assert_close", "assert_json_close"]
 
 # error.type values raised at a primitive's turn: recorded, consuming the seq (ORD-4, 4a).
 RECORDED_FAILURES = frozenset({"no_gradients", "version_conflict", "version_not_found",
                                "quota_exceeded", "checkpoint_not_found"})
+
+
+# The fields LIFE-1 and LIFE-5 define for the session and run views. Views are compared on these
+# only: a server may add fields (EXT-1), and an added field may change from one read to the next.
+SESSION_FIELDS = ("session_id", "state", "created_at", "expires_at", "metadata")
+RUN_FIELDS = ("run_id", "session_id", "state", "next_seq", "step", "versions", "created_at")
+VERSION_FIELDS = ("version", "step", "created_at")
+
+
+def contract_view(view: Any) -> Any:
+    """A session or run view reduced to the fields the contract defines (EXT-1)."""
+    if not isinstance(view, dict):
+        return view
+    fields = RUN_FIELDS if "run_id" in view else SESSION_FIELDS
+    out = {key: view.get(key) for key in fields}
+    if isinstance(out.get("versions"), list) and "run_id" in view:
+        out["versions"] = [{k: v.get(k) for k in VERSION_FIELDS} if isinstance(v, dict) else v
+                           for v in out["versions"]]
+    return out
+
+
+def same_view(a: Any, b: Any) -> bool:
+    """Two session or run views agree on every field the contract defines."""
+    return contract_view(a) == contract_view(b)
 
 
 def expect_status(reply: Reply, status: int, error_type: str | None = None,
@@ -216,8 +241,19 @@ class Ctx:
     options: Options = field(default_factory=Options)
     caps: dict[str, Any] = field(default_factory=dict)
     check_id: str = "(suite)"
+    strict_findings: list[str] = field(default_factory=list)
     _sessions: list[SessionHandle] = field(default_factory=list)
     _rtt: float | None = None
+
+    @property
+    def strict(self) -> bool:
+        """Whether the run also checks the mock's exact shapes (``--profile strict``)."""
+        return self.options.profile == "strict"
+
+    def strict_only(self, finding: str) -> None:
+        """Note a difference from the mock's exact behaviour that the contract allows (EXT-1):
+        reported under ``--profile strict`` as a strict-only finding, never a failure."""
+        self.strict_findings.append(finding)
 
     # ---------------------------------------------------------------- capabilities
     @property

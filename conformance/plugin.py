@@ -8,7 +8,8 @@ session-scoped :class:`~conformance.runner.Suite` whose teardown cancels and clo
 resource, also on Ctrl-C.
 
 Result mapping: pass -> passed; fail/error -> failed; warn -> passed with a warning;
-unsupported -> skipped (with the reason).
+unsupported -> skipped (with the reason); strict (``--whitney-profile strict`` only) -> failed,
+labelled "strict-only finding (the contract passes)".
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .options import Options
+from .options import PROFILES, Options
 
 __all__ = ["add_options", "whitney_suite", "pytest_addoption", "pytest_terminal_summary"]
 
@@ -35,6 +36,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--whitney-api-key", default=None, help="bearer key (env WHITNEY_API_KEY)")
     group.addoption("--whitney-second-api-key", default=None,
                     help="second tenant's key for SEC-2 (env WHITNEY_SECOND_API_KEY)")
+    group.addoption("--whitney-profile", choices=PROFILES, default="contract",
+                    help="contract (default): what every deployment must do; strict: also the "
+                         "mock's exact shapes (strict-only findings fail their test, labelled so)")
     group.addoption("--whitney-timeout", type=float, default=30.0, help="per-request timeout")
     group.addoption("--whitney-fuzz-examples", type=int, default=Options.fuzz_examples,
                     help="schemathesis examples per operation (0 disables SCHEMA-2)")
@@ -59,7 +63,8 @@ def whitney_suite(request: pytest.FixtureRequest) -> Iterator[Any]:
                          config.getoption("whitney_api_key"),
                          config.getoption("whitney_second_api_key"),
                          timeout=config.getoption("whitney_timeout"))
-    options = Options(max_wait_seconds=config.getoption("whitney_max_wait"),
+    options = Options(profile=config.getoption("whitney_profile"),
+                      max_wait_seconds=config.getoption("whitney_max_wait"),
                       fuzz_examples=config.getoption("whitney_fuzz_examples"))
     suite = Suite(target, openapi=OpenAPI.load(config.getoption("whitney_openapi")),
                   options=options)
@@ -70,6 +75,7 @@ def whitney_suite(request: pytest.FixtureRequest) -> Iterator[Any]:
         try:
             resources = suite.teardown()
             config.stash[_RESULT_KEY] = {"target": target.description, "tag": suite.run_tag,
+                                         "profile": suite.profile,
                                          "resources": resources,
                                          "requests": suite.wire.requests}
         finally:
@@ -85,8 +91,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     config._whitney_summary_printed = True  # type: ignore[attr-defined]
     res = result["resources"]
     state = "all closed" if res.all_closed else f"NOT all closed: {res.leaked[:5]}"
-    terminalreporter.write_sep("-", f"whitney conformance against {result['target']} "
-                                    f"(run {result['tag']})")
+    terminalreporter.write_sep("-", f"whitney conformance, profile {result['profile']}, against "
+                                    f"{result['target']} (run {result['tag']})")
     terminalreporter.write_line(
         f"{res.sessions_created} sessions and {res.runs_created} runs created, "
         f"{res.sessions_closed} closed / {res.runs_terminal} terminal: {state}; "

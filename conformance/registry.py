@@ -11,6 +11,12 @@ Levels:
 - ``OPTIONAL``: a rule that applies only when ``GET /capabilities`` declares ``capability``.
   Undeclared -> ``unsupported`` (never ``pass``); declared and failing -> ``fail`` (a declared
   capability is a promise, so it then counts like a MUST).
+
+Strict-only findings: a check notes a difference from the mock's exact shapes or choices that
+the contract allows (EXT-1) with ``ctx.strict_only(...)`` and goes on; under ``--profile
+strict`` a check that otherwise passes is then reported ``strict``, never ``fail``.
+
+A leaf: imports nothing of the package; the checks register into it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ class Status(str, enum.Enum):
     UNSUPPORTED = "unsupported"
     ERROR = "error"  # the check itself crashed (transport error, bug); counts as a failure
     NOT_RUN = "not_run"  # interrupted, or skipped after a failure without --keep-going
+    # --profile strict only: the contract passes, but the endpoint differs from the mock's exact
+    # shapes or choices (strict-only findings). Never a contract failure.
+    STRICT = "strict"
 
 
 class CheckFailed(AssertionError):

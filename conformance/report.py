@@ -14,10 +14,11 @@ from .runner import CheckOutcome, Summary
 __all__ = ["print_report", "to_json", "write_json", "write_junit", "rule_status"]
 
 _STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red",
-          Status.WARN: "yellow", Status.UNSUPPORTED: "cyan", Status.NOT_RUN: "dim"}
+          Status.WARN: "yellow", Status.UNSUPPORTED: "cyan", Status.NOT_RUN: "dim",
+          Status.STRICT: "magenta"}
 # Worst first: a rule's status is the worst of its checks'.
-_SEVERITY = [Status.ERROR, Status.FAIL, Status.WARN, Status.NOT_RUN, Status.UNSUPPORTED,
-             Status.PASS]
+_SEVERITY = [Status.ERROR, Status.FAIL, Status.STRICT, Status.WARN, Status.NOT_RUN,
+             Status.UNSUPPORTED, Status.PASS]
 
 
 def rule_status(outcomes: list[CheckOutcome]) -> Status:
@@ -39,8 +40,8 @@ def print_report(summary: Summary, console: Any = None, *, verbose: bool = False
     from rich.table import Table
 
     console = console or Console()
-    console.print(f"[bold]Whitney conformance[/bold] against {escape(summary.target)} "
-                  f"(run {summary.run_tag})")
+    console.print(f"[bold]Whitney conformance[/bold], profile {summary.profile}, against "
+                  f"{escape(summary.target)} (run {summary.run_tag})")
     for family, outcomes in _by_family(summary).items():
         counts = {s: sum(o.status is s for o in outcomes) for s in Status}
         caption = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
@@ -73,11 +74,24 @@ def print_report(summary: Summary, console: Any = None, *, verbose: bool = False
                   f"requested, {summary.seconds:.1f}s")
     if summary.interrupted:
         console.print("[bold yellow]interrupted[/]: resources were cleaned up; exit code 130")
-    elif summary.exit_code == 0:
-        console.print("[bold green]every MUST (and declared capability) passes[/]")
     else:
-        console.print(f"[bold red]failing rules: "
-                      f"{escape(', '.join(sorted(summary.failing_rules())))}[/]")
+        console.print(_verdict(summary))
+
+
+def _verdict(summary: Summary) -> str:
+    from rich.markup import escape
+
+    strict = ", ".join(sorted(summary.strict_only_rules()))
+    if summary.exit_code == 1:
+        text = f"[bold red]failing rules: {escape(', '.join(sorted(summary.failing_rules())))}[/]"
+        return text + (f"; strict-only findings (not failures): {escape(strict)}" if strict else "")
+    if summary.exit_code == 3:
+        return (f"[bold green]every MUST (and declared capability) passes[/]; [magenta]strict-only "
+                f"findings (the mock's exact shapes, not contract failures): {escape(strict)}[/]")
+    if summary.profile == "strict":
+        return ("[bold green]every MUST (and declared capability) passes, and every response "
+                "has the mock's exact shapes (strict)[/]")
+    return "[bold green]every MUST (and declared capability) passes[/]"
 
 
 def to_json(summary: Summary) -> dict[str, Any]:
@@ -92,18 +106,20 @@ def to_json(summary: Summary) -> dict[str, Any]:
     res = summary.resources
     return {
         "target": summary.target,
+        "profile": summary.profile,
         "run_tag": summary.run_tag,
         "exit_code": summary.exit_code,
         "interrupted": summary.interrupted,
         "seconds": round(summary.seconds, 3),
         "counts": summary.counts(),
         "failing_rules": sorted(summary.failing_rules()),
+        "strict_only_rules": sorted(summary.strict_only_rules()),
         "rules": rules,
         "checks": [{
             "id": o.check.id, "rule": o.check.rule, "family": o.check.family,
             "level": o.check.level.value, "capability": o.check.capability,
             "title": o.check.title, "status": o.status.value, "detail": o.detail,
-            "seconds": round(o.seconds, 4),
+            "strict_only": o.strict, "seconds": round(o.seconds, 4),
         } for o in summary.outcomes],
         "resources": {
             "sessions_created": res.sessions_created, "sessions_closed": res.sessions_closed,
@@ -122,8 +138,8 @@ def write_json(summary: Summary, path: str | Path) -> None:
 
 def write_junit(summary: Summary, path: str | Path) -> None:
     """JUnit XML: one testsuite per family, one testcase per check (fail/error -> failure or
-    error, unsupported/not_run -> skipped, warn -> passed with system-out)."""
-    root = ET.Element("testsuites", name="whitney-conformance",
+    error, unsupported/not_run -> skipped, warn and strict -> passed with system-out)."""
+    root = ET.Element("testsuites", name=f"whitney-conformance ({summary.profile})",
                       tests=str(len(summary.outcomes)), time=f"{summary.seconds:.3f}")
     for family, outcomes in _by_family(summary).items():
         suite = ET.SubElement(root, "testsuite", name=family, tests=str(len(outcomes)),
@@ -143,6 +159,7 @@ def write_junit(summary: Summary, path: str | Path) -> None:
                 ET.SubElement(case, "error", message=message[:500]).text = message
             elif outcome.status in (Status.UNSUPPORTED, Status.NOT_RUN):
                 ET.SubElement(case, "skipped", message=f"{outcome.status.value}: {message}"[:500])
-            elif outcome.status is Status.WARN:
-                ET.SubElement(case, "system-out").text = f"warn: {message}"
+            elif outcome.status in (Status.WARN, Status.STRICT):
+                # a strict-only finding is not a failure of the rule
+                ET.SubElement(case, "system-out").text = f"{outcome.status.value}: {message}"
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

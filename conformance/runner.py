@@ -35,6 +35,7 @@ class CheckOutcome:
     status: Status
     detail: str = ""
     seconds: float = 0.0
+    strict: list[str] = field(default_factory=list)  # strict-only findings (--profile strict)
 
     @property
     def counts_as_failure(self) -> bool:
@@ -60,6 +61,7 @@ class Resources:
 @dataclass
 class Summary:
     target: str
+    profile: str
     run_tag: str
     outcomes: list[CheckOutcome]
     resources: Resources
@@ -72,12 +74,21 @@ class Summary:
 
     @property
     def exit_code(self) -> int:
+        """0 pass; 1 a contract rule fails; 3 (``--profile strict``) the contract passes but
+        strict-only findings remain; 130 interrupted."""
         if self.interrupted:
             return 130
-        return 1 if any(o.counts_as_failure for o in self.outcomes) else 0
+        if any(o.counts_as_failure for o in self.outcomes):
+            return 1
+        return 3 if self.strict_only_rules() else 0
 
     def failing_rules(self) -> set[str]:
+        """Rules the endpoint breaks (contract failures only)."""
         return {o.check.rule for o in self.outcomes if o.counts_as_failure}
+
+    def strict_only_rules(self) -> set[str]:
+        """Rules whose checks pass the contract but differ from the mock's exact shapes."""
+        return {o.check.rule for o in self.outcomes if o.status is Status.STRICT}
 
     def counts(self) -> dict[str, int]:
         out = {status.value: 0 for status in Status}
@@ -94,10 +105,15 @@ class Suite:
                  run_tag: str | None = None) -> None:
         self.target = target
         self.run_tag = run_tag or uuid.uuid4().hex[:12]
-        if validate_schema and openapi is None:
-            openapi = OpenAPI.load()
-        self.wire = Wire(target, openapi if validate_schema else None)
-        self.ctx = Ctx(wire=self.wire, run_tag=self.run_tag, options=options or Options())
+        options = options or Options()
+        self.profile = options.profile
+        strict_openapi = None
+        if validate_schema:
+            openapi = openapi or OpenAPI.load()
+            if self.profile == "strict":
+                strict_openapi = openapi.as_profile("strict")
+        self.wire = Wire(target, openapi if validate_schema else None, strict_openapi)
+        self.ctx = Ctx(wire=self.wire, run_tag=self.run_tag, options=options)
         self.capabilities_error: str | None = None
 
     def load_capabilities(self) -> None:
@@ -133,6 +149,7 @@ class Suite:
         else:
             self.wire.bind_thread(entry.id)
         ctx.check_id = entry.id
+        ctx.strict_findings = []
         started = time.monotonic()
         status, detail = Status.PASS, ""
         try:
@@ -156,7 +173,14 @@ class Suite:
                 ctx.end_check_resources()
             except httpx.HTTPError:
                 pass  # teardown sweeps whatever is left
-        return CheckOutcome(entry, status, self.wire.mask(detail), time.monotonic() - started)
+        strict = [self.wire.mask(f) for f in ctx.strict_findings] if self.profile == "strict" \
+            else []
+        if strict and status is Status.PASS:
+            status, detail = Status.STRICT, "strict-only: " + "; ".join(strict)
+        elif strict:
+            detail += " | strict-only: " + "; ".join(strict)
+        return CheckOutcome(entry, status, self.wire.mask(detail), time.monotonic() - started,
+                            strict)
 
     def teardown(self) -> Resources:
         """Cancel every non-terminal run, close every session, and verify."""
@@ -239,9 +263,11 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
 
     ``only`` selects by rule-id prefix (see ``registry.select``); the aggregate checks over
     every response are added to any selection. Without ``keep_going`` the run stops at the
-    first failing MUST check; the rest are reported ``not_run``. Checks marked ``run_last`` (aggregates over every response) run
-    after the others. Responses are validated against ``openapi`` (default: the packaged
-    ``openapi.yaml``) unless ``validate_schema`` is false.
+    first failing MUST check; the rest are reported ``not_run``. Checks marked ``run_last``
+    (aggregates over every response) run after the others. Responses are validated against
+    ``openapi`` (default: the packaged ``openapi.yaml``) unless ``validate_schema`` is false;
+    under ``options.profile == "strict"`` also against it with ``strict.yaml`` applied, and
+    what only that finds is reported as strict-only (status ``strict``), never a failure.
     """
     started = time.monotonic()
     suite = Suite(target, openapi=openapi, validate_schema=validate_schema, options=options,
@@ -302,7 +328,7 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
     for entry in ordered:
         outcomes.setdefault(entry.id, CheckOutcome(entry, Status.NOT_RUN, "interrupted"))
     return Summary(
-        target=target.description, run_tag=suite.run_tag,
+        target=target.description, profile=suite.profile, run_tag=suite.run_tag,
         outcomes=[outcomes[c.id] for c in checks], resources=resources,
         requests=suite.wire.requests, tokens_sent=suite.wire.tokens_sent,
         sample_tokens_requested=suite.wire.sample_tokens_requested,

@@ -37,12 +37,13 @@ import referencing
 import yaml
 from referencing.jsonschema import DRAFT202012
 
+from .options import PROFILES
+
 __all__ = ["OpenAPI", "CONTRACT_RESOURCE", "STRICT_RESOURCE", "PROFILES", "contract_bytes",
            "strict_overlay", "strict_document"]
 
 CONTRACT_RESOURCE = "openapi.yaml"  # package data of ``conformance``: the one copy
 STRICT_RESOURCE = "strict.yaml"  # the strict profile's overlay on it
-PROFILES = ("contract", "strict")
 _PACKAGED_SOURCE = f"{__package__}/{CONTRACT_RESOURCE} (package data)"
 _DOC_URI = "urn:whitney-openapi"
 _API_PREFIX = "/v1/training"
@@ -173,6 +174,14 @@ class OpenAPI:
     def load(cls, path: str | Path | None = None, *, profile: str = "contract") -> "OpenAPI":
         """The packaged contract, or the document at ``path``, as ``profile`` reads it."""
         return _load_cached(None if path is None else str(Path(path).resolve()), profile)
+
+    def as_profile(self, profile: str) -> "OpenAPI":
+        """The same document read by another profile (strict: with the overlay applied)."""
+        if profile == self.profile:
+            return self
+        if self.profile != "contract":
+            raise ValueError("only a contract document can be read by another profile")
+        return OpenAPI(self.document, self.source, profile=profile)
 
     @staticmethod
     def _server_prefix(document: dict[str, Any]) -> str:

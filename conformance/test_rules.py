@@ -28,5 +28,8 @@ def test_rule(entry, whitney_suite):  # noqa: ANN001, ANN201 - pytest test
         pytest.skip(f"unsupported: {outcome.detail}")
     if outcome.status in (Status.FAIL, Status.ERROR) and entry.level is not Level.SHOULD:
         pytest.fail(f"{label}\n{outcome.status.value}: {outcome.detail}", pytrace=False)
+    if outcome.status is Status.STRICT:
+        pytest.fail(f"{label}\nstrict-only finding (the contract passes; the endpoint differs "
+                    f"from the mock's exact shapes): {outcome.detail}", pytrace=False)
     if outcome.status is Status.WARN:
         warnings.warn(ConformanceWarning(f"{entry.id}: {outcome.detail}"), stacklevel=1)

@@ -123,13 +123,16 @@ class Tracker:
 class Wire:
     """Send requests to the target; see the module docstring."""
 
-    def __init__(self, target: Target, openapi: OpenAPI | None) -> None:
+    def __init__(self, target: Target, openapi: OpenAPI | None,
+                 strict_openapi: OpenAPI | None = None) -> None:
         self.target = target
         self.client = target.client()
         self.openapi = openapi
+        self.strict_openapi = strict_openapi
         self.tracker = Tracker()
         self.current_check = "(suite)"
         self.schema_problems: list[tuple[str, str]] = []  # (check id, problem)
+        self.strict_problems: list[tuple[str, str]] = []  # only against the strict overlay
         self.request_id_problems: list[tuple[str, str]] = []
         self.requests = 0
         self.cache: dict[str, Any] = {}  # replies worth sending once per run (the 413 probe)
@@ -221,14 +224,20 @@ class Wire:
             delay = min(delay * 2, 0.25)
 
     def inspect(self, reply: Reply) -> None:
-        """Record TRANSPORT-1 and SCHEMA-1 problems of a response."""
+        """Record TRANSPORT-1 and SCHEMA-1 problems of a response (and, under the strict
+        profile, what only the strict overlay finds)."""
         where = f"{reply.method} {reply.path} -> {reply.status}"
         if not reply.headers.get("x-request-id"):
             self.request_id_problems.append((self.check_id, f"{where}: no X-Request-Id"))
-        if self.openapi is not None:
-            for problem in self.openapi.validate_response(reply.method, reply.path, reply.status,
-                                                          reply.headers, reply.content):
-                self.schema_problems.append((self.check_id, self.mask(problem)))
+        if self.openapi is None:
+            return
+        args = (reply.method, reply.path, reply.status, reply.headers, reply.content)
+        problems = self.openapi.validate_response(*args)
+        self.schema_problems += [(self.check_id, self.mask(p)) for p in problems]
+        if self.strict_openapi is not None:
+            self.strict_problems += [(self.check_id, self.mask(p))
+                                     for p in self.strict_openapi.validate_response(*args)
+                                     if p not in problems]
 
     def _count_tokens(self, path: str, body: Any) -> None:
         if not isinstance(body, dict):

@@ -75,9 +75,11 @@ def _register(added: list[str], rule: str, name: str, func) -> None:  # noqa: AN
 
 def test_full_suite_over_tcp_passes_with_two_keys(served: str) -> None:
     target = open_target(served, KEYS[0], KEYS[1], use_env=False)
-    summary = run_suite(target, options=Options(fuzz_examples=2))
+    summary = run_suite(target, options=Options(profile="strict", fuzz_examples=2))
     target.close()
-    assert [(o.check.id, o.detail) for o in summary.outcomes if o.counts_as_failure] == []
+    assert [(o.check.id, o.detail) for o in summary.outcomes
+            if o.counts_as_failure or o.status is Status.STRICT] == []
+    assert summary.exit_code == 0
     sec2 = [o for o in summary.outcomes if o.check.rule == "SEC-2"]
     assert sec2 and all(o.status is Status.PASS for o in sec2)
     assert summary.resources.all_closed and summary.resources.sessions_created > 10
@@ -251,9 +253,10 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_pytest_pyargs_embedded() -> None:
-    result = _pytest("-k", "ORD-1 or DISC-1 or VER-4")
+    result = _pytest("-k", "ORD-1 or DISC-1 or VER-4 or SCHEMA-1", "--whitney-profile", "strict")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 passed" in result.stdout and "all closed" in result.stdout
+    assert "4 passed" in result.stdout and "all closed" in result.stdout
+    assert "profile strict" in result.stdout
 
 
 def test_pytest_pyargs_against_a_url(served: str) -> None:

@@ -33,7 +33,7 @@ def ckpt1_with_optimizer(ctx: Ctx) -> None:
     continued = run.train(ctx.tokens("after the checkpoint"), beta1=0.6)
     after_continue = _probe(ctx, run)
     loaded = _load(run, saved["checkpoint_id"], True)
-    if loaded != {"checkpoint_id": saved["checkpoint_id"], "step": 1}:
+    if (loaded.get("checkpoint_id"), loaded.get("step")) != (saved["checkpoint_id"], 1):
         raise CheckFailed(f"load_state answered {loaded}, expected the checkpoint id and step 1")
     if run.get()["step"] != 1:
         raise CheckFailed(f"run step after load_state is {run.view['step']}, expected 1")

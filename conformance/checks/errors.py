@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from ..context import Ctx, RunHandle, assert_close, expect_status
+from ..context import Ctx, RunHandle, assert_close, expect_status, same_view
 from ..payloads import adamw, ce_datum, loss_body, sampling
 from ..registry import CheckFailed, CheckWarning, check
 from ..wire import NO_AUTH, Reply
@@ -308,5 +308,5 @@ def err4_unknown_field(ctx: Ctx) -> None:
     reply = ctx.wire.call("POST", f"/sessions/{run.session_id}/runs", run_body)
     expect_status(reply, 422, "unknown_field", what="create run with lora.dropout")
     after = run.get()
-    if after != before:
+    if not same_view(after, before):
         raise CheckFailed(f"422 unknown_field requests changed the run: {before} -> {after}")

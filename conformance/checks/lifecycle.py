@@ -7,7 +7,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ..context import Ctx, RunHandle, expect_status
+from ..context import Ctx, RunHandle, expect_status, same_view
 from ..payloads import adamw, ce_datum, loss_body
 from ..registry import CheckFailed, CheckWarning, check
 
@@ -37,7 +37,7 @@ def life1_session_view(ctx: Ctx) -> None:
     if view["metadata"] != {**ctx.tag(), "purpose": "life-1"}:
         raise CheckFailed(f"metadata not echoed: {view['metadata']}")
     got = expect_status(ctx.wire.call("GET", f"/sessions/{view['session_id']}"), 200).body
-    if got != view:
+    if not same_view(got, view):
         raise CheckFailed(f"GET /sessions/{{sid}} differs from the create view: {got} vs {view}")
     bad = ctx.wire.call("POST", "/sessions", {"metadata": {**ctx.tag(), "n": 1}})
     expect_status(bad, 422, what="metadata with a non-string value")
@@ -124,7 +124,7 @@ def life3_close(ctx: Ctx) -> None:
         raise CheckFailed(f"close returned state {closed.get('state')!r}")
     again = expect_status(ctx.wire.call("POST", f"/sessions/{session.id}/close", {}), 200,
                           what="second close").body
-    if again != closed:
+    if not same_view(again, closed):
         raise CheckFailed(f"close on a closed session changed it: {closed} -> {again}")
     reply = ctx.wire.call("POST", f"/sessions/{session.id}/runs", ctx.run_body())
     expect_status(reply, 409, "session_not_open", what="create run in a closed session")
@@ -172,7 +172,7 @@ def life5_run_view(ctx: Ctx) -> None:
         raise CheckFailed(f"run view without run_id: {view}")
     parse_time(view.get("created_at"), "run created_at")
     got = expect_status(ctx.wire.call("GET", f"/runs/{view['run_id']}"), 200).body
-    if got != view:
+    if not same_view(got, view):
         raise CheckFailed(f"GET /runs/{{rid}} differs from the create view: {got} vs {view}")
     max_rank = int(ctx.base_model["max_lora_rank"])
     bad_bodies = [
@@ -210,7 +210,7 @@ def life6_finish(ctx: Ctx) -> None:
     if op.get("status") != "completed":
         raise CheckFailed(f"operation 1 before finish is {op}")
     again = expect_status(ctx.wire.call("POST", f"/runs/{run.id}/finish", {}), 200).body
-    if again != view:
+    if not same_view(again, view):
         raise CheckFailed(f"finish on a finished run changed it: {view} -> {again}")
     if not held.was_held:
         raise held.not_held("the held-request clause")
@@ -260,12 +260,12 @@ def _terminal_unchanged(ctx: Ctx, run: RunHandle) -> None:
     for action in ("cancel", "finish"):
         reply = ctx.wire.call("POST", f"/runs/{run.id}/{action}", {})
         expect_status(reply, 200, what=f"{action} on a {view['state']} run")
-        if reply.body != view:
+        if not same_view(reply.body, view):
             raise CheckFailed(f"{action} on a {view['state']} run changed it: {view} -> "
                               f"{reply.body}")
     run.prim("forward_backward", loss_body([ce_datum(ctx.tokens("xy"))]),
              expect=(409, "run_not_active"))
-    if run.get() != view:
+    if not same_view(run.get(), view):
         raise CheckFailed(f"a primitive on a {view['state']} run changed it")
 
 

@@ -8,17 +8,24 @@ from ..payloads import ce_datum
 from ..registry import CheckFailed, CheckWarning, check
 
 
+def _shown(problems: list[tuple[str, str]]) -> str:
+    return "; ".join(f"[{cid}] {text}" for cid, text in problems[:6])
+
+
 @check("SCHEMA-1", "every-response", run_last=True, title="every response of every check "
-       "matches openapi.yaml: documented status, required headers, content type, body schema, "
-       "error.type among the response's x-error-types")
+       "matches openapi.yaml: documented status, required headers, content type, body schema "
+       "(strict profile: also the mock's closed objects, error types and details keys)")
 def schema1_every_response(ctx: Ctx) -> None:
     if ctx.wire.openapi is None:
         raise CheckWarning("no openapi.yaml loaded (--no-schema)")
     problems = ctx.wire.schema_problems
     if problems:
-        shown = "; ".join(f"[{cid}] {text}" for cid, text in problems[:6])
         raise CheckFailed(f"{len(problems)} response(s) do not match {ctx.wire.openapi.source}:"
-                          f" {shown}")
+                          f" {_shown(problems)}")
+    strict = ctx.wire.strict_problems
+    if strict:
+        ctx.strict_only(f"{len(strict)} response(s) differ from the mock's exact shapes "
+                        f"(strict.yaml): {_shown(strict)}")
 
 
 @check("SCHEMA-2", "fuzz", title="schemathesis over every contract operation: no 5xx, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..context import Ctx, RunHandle, expect_status
+from ..context import Ctx, RunHandle, expect_status, same_view
 from ..payloads import adamw, ce_datum, loss_body
 from ..registry import CheckFailed, CheckUnsupported, Level, check
 from ..wire import NO_AUTH, SECOND, Reply
@@ -42,7 +42,7 @@ def sec1_bearer(ctx: Ctx) -> None:
             reply = ctx.wire.call(method, path, payload, **kwargs)
             expect_status(reply, 401, what=f"{method} {path} with {label}")
     after = run.get()
-    if after != before:
+    if not same_view(after, before):
         raise CheckFailed(f"401 requests changed the run: {before} -> {after}")
     session = ctx.wire.call("GET", f"/sessions/{run.session_id}").body
     if session.get("state") != "open":
@@ -127,7 +127,7 @@ def sec2_foreign(ctx: Ctx) -> None:
                               f"expected 'checkpoint_not_found'")
     after_run = run.get()
     after_session = ctx.wire.call("GET", f"/sessions/{sid}").body
-    if after_run != before_run or after_session != before_session:
+    if not same_view(after_run, before_run) or not same_view(after_session, before_session):
         raise CheckFailed("requests with another key changed the owner's resources: "
                           f"run {before_run} -> {after_run}; session {before_session} -> "
                           f"{after_session}")
