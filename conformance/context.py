@@ -136,7 +136,7 @@ class RunHandle:
             reply = self.ctx.wire.call("POST", path, payload, auth=auth or self.auth,
                                        headers=headers)
         recorded = reply.status == 200 or reply.error_type in RECORDED_FAILURES
-        if recorded and use_seq == self.seq and not reply.headers.get("whitney-replayed"):
+        if recorded and use_seq == self.seq and not reply.replayed:
             self.seq += 1
         if expect is not None:
             status, etype = (expect, None) if isinstance(expect, int) else expect

@@ -276,8 +276,14 @@ class OpenAPI:
         lower = {k.lower(): v for k, v in dict(headers).items()}
         for name, header in (response.get("headers") or {}).items():
             header = self.deref(header)
-            if header.get("required") and name.lower() not in lower:
-                problems.append(f"{method} {template} {status}: required header {name} missing")
+            if name.lower() not in lower:
+                if header.get("required"):
+                    problems.append(f"{method} {template} {status}: required header {name} "
+                                    f"missing")
+                continue
+            problem = self._header_problem(header.get("schema"), str(lower[name.lower()]))
+            if problem:
+                problems.append(f"{method} {template} {status}: header {name}: {problem}")
         content = response.get("content") or {}
         if not content:
             if body:
@@ -316,6 +322,19 @@ class OpenAPI:
             problems.append(f"{method} {template} {status}: body at {where}: {error.message}"
                             [:400])
         return problems
+
+    def _header_problem(self, schema: Any, value: str) -> str | None:
+        """Why a header value does not match its (simple, scalar) schema, or None."""
+        schema = self.deref(schema)
+        if not isinstance(schema, dict):
+            return None
+        instance: Any = value
+        if schema.get("type") == "integer":
+            if not re.fullmatch(r"-?\d+", value.strip()):
+                return f"{value!r} is not an integer"
+            instance = int(value)
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(instance))
+        return f"{value!r}: {errors[0].message}" if errors else None
 
     def _pointer_of(self, location: tuple[str, ...] | str) -> str:
         """JSON pointer of the object at ``location`` after following its ``$ref`` chain."""

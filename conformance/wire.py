@@ -60,6 +60,12 @@ class Reply:
             return details if isinstance(details, dict) else {}
         return {}
 
+    @property
+    def replayed(self) -> bool:
+        """ORD-3 / EXT-1: only ``Whitney-Replayed: true`` marks a replay; absence, or any
+        other value (``false`` included), does not."""
+        return self.headers.get("whitney-replayed", "").strip().lower() == "true"
+
     def describe(self) -> str:
         """``POST /runs/x/forward -> 422 unknown_field: message`` for failure details."""
         text = f"{self.method} {self.path} -> {self.status}"

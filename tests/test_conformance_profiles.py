@@ -25,6 +25,8 @@ from conformance.target import (EMBEDDED_API_KEY, EMBEDDED_BASE_URL, EMBEDDED_DE
 from mock_server import InProcessTransport, create_app
 
 MOCK = {**EMBEDDED_DEFAULTS, "order_wait_ms": 300}
+PRIMITIVES = {"forward", "forward_backward", "optim_step", "save_weights_for_sampler", "sample",
+              "logprobs", "save_state", "load_state", "export_lora"}
 FAST = {"fuzz_examples": 1}
 
 
@@ -62,6 +64,15 @@ def extra_fields(request: httpx.Request, response: httpx.Response) -> httpx.Resp
     if isinstance(body.get("result"), dict):
         body["result"]["server_note"] = "an extension field"
     return _replace_json(response, body)
+
+
+def replayed_false(request: httpx.Request, response: httpx.Response) -> httpx.Response:
+    """``Whitney-Replayed: false`` on every first execution of a primitive (EXT-1: only
+    ``true`` marks a replay)."""
+    primitive = request.url.path.rsplit("/", 1)[-1] in PRIMITIVES
+    if primitive and request.method == "POST" and "whitney-replayed" not in response.headers:
+        response.headers["Whitney-Replayed"] = "false"
+    return response
 
 
 def target_with(rewrite: Callable[[httpx.Request, httpx.Response], httpx.Response]) -> Target:
@@ -118,6 +129,24 @@ def test_the_mock_passes_both_profiles() -> None:
     assert [(o.check.id, o.detail) for o in summary.outcomes
             if o.counts_as_failure or o.status is Status.STRICT] == []
     assert summary.exit_code == 0
+
+
+def test_replayed_false_on_first_executions_is_not_a_replay() -> None:
+    """Only ``Whitney-Replayed: true`` marks a replay: a server that says ``false`` on first
+    executions passes the contract (the suite's seq counter keeps moving); strict reports the
+    header the mock never sends, on ORD-3's own clause and in the response shapes."""
+    target = target_with(replayed_false)
+    try:
+        contract = run_suite(target, options=Options(**FAST))
+        strict = run_suite(target, options=Options(profile="strict", **FAST))
+    finally:
+        target.close()
+    assert [(o.check.id, o.detail) for o in contract.outcomes if o.counts_as_failure] == []
+    assert contract.exit_code == 0
+    assert strict.failing_rules() == set() and strict.exit_code == 3
+    assert strict.strict_only_rules() == {"ORD-3", "SCHEMA-1"}
+    replay = next(o for o in strict.outcomes if o.check.id == "ORD-3:replay")
+    assert replay.status is Status.STRICT and "Whitney-Replayed: 'false'" in replay.detail
 
 
 def test_unknown_profile_is_refused() -> None:

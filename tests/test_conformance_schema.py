@@ -142,3 +142,18 @@ def test_content_types(spec: OpenAPI) -> None:
     path = "/runs/run_1/exports/exp_1/adapter_model.safetensors"
     binary = {"content-type": "application/octet-stream", "x-request-id": "r"}
     assert spec.validate_response("GET", path, 200, binary, b"\x00\x01") == []
+
+
+def test_header_values_are_validated(spec: OpenAPI, strict: OpenAPI) -> None:
+    """Documented headers are checked by value, not only by presence: ``Retry-After`` is whole
+    seconds; ``Whitney-Replayed: false`` is legal (EXT-1) but never sent by the mock."""
+    step = orjson.dumps({"step": 1, "grad_norm": 0.5, "update_norm": 0.01})
+    false = {**JSON, "whitney-replayed": "false"}
+    assert spec.validate_response("POST", "/runs/r/optim_step", 200, false, step) == []
+    problems = strict.validate_response("POST", "/runs/r/optim_step", 200, false, step)
+    assert len(problems) == 1 and "Whitney-Replayed" in problems[0], problems
+    throttled = orjson.dumps({"error": {"type": "rate_limited", "message": "m", "details": {}}})
+    for value, ok in (("2", True), ("soon", False), ("-1", False)):
+        headers = {**JSON, "retry-after": value}
+        problems = spec.validate_response("POST", "/runs/r/optim_step", 429, headers, throttled)
+        assert (problems == []) is ok, (value, problems)
