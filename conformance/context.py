@@ -13,11 +13,11 @@ import math
 import time
 from dataclasses import dataclass, field
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from .options import Options
 from .registry import CheckFailed, CheckUnsupported, CheckWarning
-from .payloads import adamw, ce_datum, loss_body
+from .payloads import adamw, ce_datum, loss_body, sampling
 from .wire import PRIMARY, TERMINAL, Reply, Wire
 
 __all__ = ["Ctx", "RunHandle", "SessionHandle", "Held", "RECORDED_FAILURES", "contract_view",
@@ -150,6 +150,9 @@ class RunHandle:
     def forward(self, data: list[dict[str, Any]], loss: str = "cross_entropy",
                 config: dict[str, Any] | None = None, *, backward: bool = False,
                 **kwargs: Any) -> dict[str, Any]:
+        """A valid ``forward`` / ``forward_backward`` (within the server's limits, else the
+        check warns that it could not run); its 200 body."""
+        self.ctx.fits(data)
         return self.body("forward_backward" if backward else "forward",
                          loss_body(data, loss, config), **kwargs)
 
@@ -300,9 +303,60 @@ class Ctx:
             return bool(node.get(rest)) or (rest in node and node[rest] == {})
         return False
 
+    # Every size below comes from the capabilities (DISC-1): a server with a 32-token
+    # vocabulary and one with 262,144 tokens are probed alike; nothing assumes the mock's bytes.
+    @property
+    def max_context(self) -> int:
+        return int(self.base_model["max_context"])
+
+    def limit(self, key: str, default: int = 1 << 30) -> int:
+        """``limits[key]`` as an integer (``default`` when the server does not say)."""
+        value = self.limits.get(key)
+        return int(value) if isinstance(value, (int, float)) else default
+
+    def token(self, i: int) -> int:
+        """A valid token id for any vocabulary: ``i`` modulo ``vocab_size``."""
+        return i % self.vocab
+
     def tokens(self, text: str) -> list[int]:
-        """Token ids for a short ASCII text, valid for any vocabulary (byte value mod V)."""
-        return [ord(ch) % self.vocab for ch in text]
+        """Token ids for a short ASCII text (character code modulo ``vocab_size``), at most
+        ``max_context`` of them, so a datum or prompt built from them is always in range."""
+        return [ord(ch) % self.vocab for ch in text][: max(2, self.max_context)]
+
+    def top_k(self, fraction: float) -> int:
+        """A ``top_k`` that keeps about ``fraction`` of the vocabulary and truncates something:
+        in [1, vocab_size - 1] (``top_k`` above vocab_size is 422, section 4a)."""
+        return max(1, min(self.vocab - 1, round(self.vocab * fraction)))
+
+    def num_samples(self, n: int) -> int:
+        return max(1, min(n, self.limit("max_num_samples")))
+
+    def sampling(self, prompt: Sequence[int], **params: Any) -> dict[str, Any]:
+        """``payloads.sampling`` for ``prompt`` within this server's limits: ``max_tokens`` at
+        most ``max_sample_tokens`` and what ``max_context`` leaves after the prompt (4a),
+        ``top_k`` at most ``vocab_size``."""
+        body = sampling(**params)
+        room = self.max_context - len(prompt)
+        body["max_tokens"] = max(1, min(body["max_tokens"], self.limit("max_sample_tokens"),
+                                        room))
+        body["top_k"] = min(body["top_k"], self.vocab)
+        return body
+
+    def sample_body(self, version: int, prompt: list[int], n: int = 1,
+                    **params: Any) -> dict[str, Any]:
+        """A ``sample`` body (without ``seq``) within this server's limits."""
+        return {"version": version, "prompt": {"token_ids": prompt},
+                "num_samples": self.num_samples(n), "sampling": self.sampling(prompt, **params)}
+
+    def fits(self, data: Sequence[dict[str, Any]]) -> None:
+        """A check's own valid ``forward`` request must be within the per-request limits; when
+        this server's are smaller, the check says so instead of reporting a false failure."""
+        tokens = sum(len(d["model_input"]["token_ids"]) for d in data)
+        for key, value in (("max_datums_per_request", len(data)),
+                           ("max_tokens_per_request", tokens)):
+            if value > self.limit(key):
+                raise CheckWarning(f"not exercised: this check sends {value} (limits.{key} is "
+                                   f"{self.limit(key)})")
 
     def hold_pause(self) -> float:
         """How long to wait after sending a request that should be held before acting on the

@@ -88,10 +88,9 @@ def err2_malformed(ctx: Ctx) -> None:
     run = ctx.run()
     for raw in MALFORMED:
         run.prim("forward", raw=raw, expect=(400, "malformed_json"))
-    body = _forward_body(ctx, run.seq)
     text = (b'{"seq": %d, "loss_function": "cross_entropy", "loss_config": {}, "data": [{'
-            b'"model_input": {"token_ids": [1]}, "loss_inputs": {"target_tokens": [2], '
-            b'"weights": [NaN]}}]}' % body["seq"])
+            b'"model_input": {"token_ids": [%d]}, "loss_inputs": {"target_tokens": [%d], '
+            b'"weights": [NaN]}}]}' % (run.seq, ctx.token(1), ctx.token(2)))
     run.prim("forward", raw=text, expect=(400, "malformed_json"))
 
 
@@ -112,16 +111,16 @@ def err2_validation(ctx: Ctx) -> None:
         (b'[]', "a JSON array body"),
         (b'{"seq": %d, %s}' % (seq, adam % b"1e999"), "learning_rate 1e999"),
         (b'{"seq": %d, "loss_function": "cross_entropy", "loss_config": {}, "data": [{'
-         b'"model_input": {"token_ids": [1, 2]}, "loss_inputs": {"target_tokens": [2, 3], '
-         b'"weights": [1, 1e999]}}]}' % seq, "weights [1, 1e999]"),
+         b'"model_input": {"token_ids": [%d, %d]}, "loss_inputs": {"target_tokens": [%d, %d], '
+         b'"weights": [1, 1e999]}}]}' % (seq, *(ctx.token(i) for i in (1, 2, 2, 3))),
+         "weights [1, 1e999]"),
     ]
     for raw, label in raw_cases:
         primitive = "forward" if b"loss_function" in raw else "optim_step"
         expect_status(ctx.wire.call("POST", f"/runs/{run.id}/{primitive}", content=raw), 422,
                       what=label)
     good_step = {"adamw": adamw()}
-    good_sample = {"version": 0, "prompt": {"token_ids": ctx.tokens("Q")}, "num_samples": 1,
-                   "sampling": sampling(max_tokens=2)}
+    good_sample = ctx.sample_body(0, ctx.tokens("Q"), max_tokens=2)
     cases: list[tuple[str, str, dict[str, Any]]] = [
         ("seq 0", "optim_step", {**good_step, "seq": 0}),
         ("seq -1", "optim_step", {**good_step, "seq": -1}),
@@ -142,9 +141,10 @@ def err2_validation(ctx: Ctx) -> None:
         ("beta2 -0.1", "optim_step", _nested(good_step, "adamw", beta2=-0.1)),
         ("eps 0", "optim_step", _nested(good_step, "adamw", eps=0.0)),
         ("version -1", "save_weights_for_sampler", {"version": -1}),
-        ("token id -1", "forward", _forward_body(ctx, seq, data=[ce_datum([1, -1, 2])])),
+        ("token id -1", "forward",
+         _forward_body(ctx, seq, data=[ce_datum([ctx.token(1), -1, ctx.token(2)])])),
         ("target token = vocab_size", "forward",
-         _forward_body(ctx, seq, data=[ce_datum([1, 2, ctx.vocab])])),
+         _forward_body(ctx, seq, data=[ce_datum([ctx.token(1), ctx.token(2), ctx.vocab])])),
     ]
     for label, primitive, body in cases:
         reply = ctx.wire.call("POST", f"/runs/{run.id}/{primitive}", {"seq": seq, **body})
@@ -164,7 +164,7 @@ def err2_limits(ctx: Ctx) -> None:
     run.save(0)
     lim, model = ctx.limits, ctx.base_model
     notes: list[str] = []
-    one = ce_datum([1, 2])
+    one = ce_datum([ctx.token(1), ctx.token(2)])
     n_datums = int(lim["max_datums_per_request"]) + 1
     if n_datums <= 4096:
         run.prim("forward", loss_body([one] * n_datums), expect=(422, "limit_exceeded"))
@@ -174,7 +174,7 @@ def err2_limits(ctx: Ctx) -> None:
     per_datum = max(1, min(context, 2048) - 1)
     needed = max_tokens // per_datum + 1
     if needed <= int(lim["max_datums_per_request"]) and max_tokens <= 300_000:
-        datum = ce_datum([1] * (per_datum + 1))
+        datum = ce_datum([ctx.token(1)] * (per_datum + 1))
         run.prim("forward", loss_body([datum] * needed), expect=(422, "limit_exceeded"))
     else:
         notes.append(f"max_tokens_per_request {max_tokens} not probed")
@@ -187,7 +187,7 @@ def err2_limits(ctx: Ctx) -> None:
              expect=(422, "limit_exceeded"))
     long_prompt = context - min(int(lim["max_sample_tokens"]), context) + 1
     if 0 < long_prompt <= 300_000:
-        run.prim("sample", {"version": 0, "prompt": {"token_ids": [1] * long_prompt},
+        run.prim("sample", {"version": 0, "prompt": {"token_ids": [ctx.token(1)] * long_prompt},
                             "num_samples": 1, "sampling": sampling(
                                 max_tokens=min(int(lim["max_sample_tokens"]), context))},
                  expect=(422, "limit_exceeded"))
@@ -209,23 +209,20 @@ def _snapshot(run: RunHandle, probe: list[int]) -> tuple[dict[str, Any], list[fl
 def _refused_battery(ctx: Ctx, run: RunHandle) -> None:
     """4xx requests of every primitive, including a forward_backward whose LAST datum is bad
     (a server must not keep the first datum's gradient) and failures recorded at their turn."""
-    bad_fb = loss_body([ce_datum(ctx.tokens("good")), ce_datum([1, ctx.vocab])])
+    bad_fb = loss_body([ce_datum(ctx.tokens("good")), ce_datum([ctx.token(1), ctx.vocab])])
     run.prim("forward_backward", bad_fb, expect=422)
     run.prim("forward_backward", loss_body([ce_datum(ctx.tokens("good"))],
                                            config={"no_such_key": 1}), expect=422)
     run.prim("optim_step", {"adamw": adamw(learning_rate=-1.0)}, expect=422)
     run.prim("optim_step", {"adamw": adamw(beta1=1.5)}, expect=422)
     run.prim("save_weights_for_sampler", {"version": -5}, expect=422)
-    run.prim("sample", {"version": 0, "prompt": {"token_ids": [ctx.vocab + 5]},
-                        "num_samples": 1, "sampling": sampling()}, expect=422)
+    run.prim("sample", ctx.sample_body(0, [ctx.vocab + 5]), expect=422)
     if ctx.has_primitive("load_state"):
         run.prim("load_state", {"checkpoint_id": 12, "with_optimizer": True}, expect=422)
     run.prim("forward_backward", raw=b'{"seq": %d, "data": [' % run.seq, expect=400)
     # Failures at the primitive's turn (recorded, ORD-4) must not change state either.
     run.prim("save_weights_for_sampler", {"version": 0}, expect=(409, "version_conflict"))
-    run.prim("sample", {"version": 99, "prompt": {"token_ids": ctx.tokens("Q")},
-                        "num_samples": 1, "sampling": sampling()},
-             expect=(404, "version_not_found"))
+    run.prim("sample", ctx.sample_body(99, ctx.tokens("Q")), expect=(404, "version_not_found"))
 
 
 @check("ERR-3", "no-state-change", title="4xx requests leave weights, gradient buffer, "
@@ -285,8 +282,7 @@ def err4_unknown_field(ctx: Ctx) -> None:
     bodies: dict[str, dict[str, Any]] = {
         "forward_backward": loss_body([datum]),
         "optim_step": {"adamw": adamw()},
-        "sample": {"version": 0, "prompt": {"token_ids": ctx.tokens("Q")}, "num_samples": 1,
-                   "sampling": sampling(max_tokens=2)},
+        "sample": ctx.sample_body(0, ctx.tokens("Q"), max_tokens=2),
         "save_weights_for_sampler": {"version": 1},
         "logprobs": {"version": 0, "token_ids": ctx.tokens("Qa")},
     }

@@ -202,8 +202,9 @@ def loss6_refusals(ctx: Ctx) -> None:
     for label, body, etype in cases:
         run.prim("forward", body, expect=(422, etype) if etype else 422)
     raw = (b'{"seq": %d, "loss_function": "%s", "loss_config": {}, "data": [{"model_input": '
-           b'{"token_ids": [1, 2]}, "loss_inputs": {"target_tokens": [2, 3], "logprobs": '
-           b'[-1, -1], "advantages": [1e999, 1]}}]}' % (run.seq, loss.encode()))
+           b'{"token_ids": [%d, %d]}, "loss_inputs": {"target_tokens": [%d, %d], "logprobs": '
+           b'[-1, -1], "advantages": [1e999, 1]}}]}'
+           % (run.seq, loss.encode(), *(ctx.token(i) for i in (1, 2, 2, 3))))
     expect_status(ctx.wire.call("POST", f"/runs/{run.id}/forward", content=raw), 422,
                   what="advantages 1e999 (not finite after parsing)")
     if run.get()["next_seq"] != run.seq:

@@ -215,7 +215,7 @@ def ord4_refused(ctx: Ctx) -> None:
     run = ctx.run()
     seq = run.seq
     run.prim("forward", raw=b'{"seq": %d, ' % seq, expect=400)
-    run.prim("forward", loss_body([ce_datum([1, ctx.vocab])]), expect=422)
+    run.prim("forward", loss_body([ce_datum([ctx.token(1), ctx.vocab])]), expect=422)
     run.prim("forward", _fb(ctx, "no key"), auth=NO_AUTH, expect=401)
     expect_status(ctx.wire.call("POST", f"/runs/{run.id}nope/forward", {"seq": seq,
                                                                         **_fb(ctx, "x")}), 404)
@@ -237,9 +237,8 @@ def ord4_recorded(ctx: Ctx) -> None:
         ("optim_step", {"adamw": adamw()}, 409, "no_gradients"),
         ("save_weights_for_sampler", {"version": 3}, 200, ""),
         ("save_weights_for_sampler", {"version": 2}, 409, "version_conflict"),
-        ("sample", {"version": 7, "prompt": {"token_ids": ctx.tokens("Q")}, "num_samples": 1,
-                    "sampling": {"max_tokens": 2, "temperature": 1.0, "top_k": 0,
-                                 "top_p": 1.0}}, 404, "version_not_found"),
+        ("sample", ctx.sample_body(7, ctx.tokens("Q"), max_tokens=2), 404,
+         "version_not_found"),
     ]
     if ctx.has_primitive("load_state"):
         cases.append(("load_state", {"checkpoint_id": f"ckpt-missing-{ctx.run_tag}",

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..context import Ctx, RunHandle, assert_close
-from ..payloads import sampling
 from ..registry import CheckFailed, CheckWarning, check
 
 
 def _sample(run: RunHandle, version: int, prompt: list[int], n: int = 2,
             **params: Any) -> dict[str, Any]:
-    return run.body("sample", {"version": version, "prompt": {"token_ids": prompt},
-                               "num_samples": n, "sampling": sampling(**params)})
+    """``sample`` within the server's limits (``Ctx.sample_body``)."""
+    return run.body("sample", run.ctx.sample_body(version, prompt, n, **params))
 
 
 def _logprobs(run: RunHandle, version: int, token_ids: list[int]) -> dict[str, Any]:
@@ -113,7 +112,7 @@ def ver3_sampler_logprobs(ctx: Ctx) -> None:
     _train(ctx, run, "make the adapter non-trivial")
     run.save(0)
     prompt = ctx.tokens("The ")
-    settings = [dict(temperature=0.7, top_k=20, top_p=0.9, seed=3),
+    settings = [dict(temperature=0.7, top_k=ctx.top_k(0.08), top_p=0.9, seed=3),
                 dict(temperature=1.6, top_k=0, top_p=1.0, seed=4),
                 dict(temperature=1.0, top_k=0, top_p=0.5, seed=5)]
     for params in settings:
@@ -139,7 +138,7 @@ def ver4_deterministic(ctx: Ctx) -> None:
     run = ctx.run()
     run.save(0)
     prompt = ctx.tokens("Once")
-    params = dict(max_tokens=6, temperature=1.3, top_k=50, top_p=0.95, seed=1234)
+    params = dict(max_tokens=6, temperature=1.3, top_k=ctx.top_k(0.2), top_p=0.95, seed=1234)
     first = _sample(run, 0, prompt, n=3, **params)
     second = _sample(run, 0, prompt, n=3, **params)
     if [s["tokens"] for s in first["sequences"]] != [s["tokens"] for s in second["sequences"]]:
@@ -182,19 +181,22 @@ def sample1_stop(ctx: Ctx) -> None:
     run = ctx.run()
     run.save(0)
     prompt = ctx.tokens("ab")
-    free = _sample(run, 0, prompt, n=6, max_tokens=5, seed=22, stop_token_ids=[])
-    problems = [f"stop_token_ids []: {p}" for p in _stop_problems(free, 6, 5, set())]
+    n, m = ctx.num_samples(6), ctx.sampling(prompt, max_tokens=5)["max_tokens"]
+    free = _sample(run, 0, prompt, n=n, max_tokens=m, seed=22, stop_token_ids=[])
+    problems = [f"stop_token_ids []: {p}" for p in _stop_problems(free, n, m, set())]
     if any(s["stop_reason"] != "length" for s in free["sequences"]):
         problems.append("stop_token_ids [] produced a 'stop' sequence")
     # Stop tokens seen early in half of the free sequences make both endings likely.
-    stops = {s["tokens"][1] for s in free["sequences"][:3] if len(s["tokens"]) > 1}
-    stops -= {t for s in free["sequences"][3:] for t in s["tokens"][:2]}
+    half = (n + 1) // 2
+    stops = {s["tokens"][1] for s in free["sequences"][:half] if len(s["tokens"]) > 1}
+    stops -= {t for s in free["sequences"][half:] for t in s["tokens"][:2]}
     stops = stops or {free["sequences"][0]["tokens"][0]}
-    result = _sample(run, 0, prompt, n=6, max_tokens=5, seed=22, stop_token_ids=sorted(stops))
-    problems += _stop_problems(result, 6, 5, stops)
+    result = _sample(run, 0, prompt, n=n, max_tokens=m, seed=22, stop_token_ids=sorted(stops))
+    problems += _stop_problems(result, n, m, stops)
     reasons = {s["stop_reason"] for s in result["sequences"]}
-    default = _sample(run, 0, prompt, n=4, max_tokens=6, seed=23)
-    problems += [f"default stops: {p}" for p in _stop_problems(default, 4, 6, {ctx.eos})]
+    n, m = ctx.num_samples(4), ctx.sampling(prompt, max_tokens=6)["max_tokens"]
+    default = _sample(run, 0, prompt, n=n, max_tokens=m, seed=23)
+    problems += [f"default stops: {p}" for p in _stop_problems(default, n, m, {ctx.eos})]
     if problems:
         raise CheckFailed("; ".join(problems[:6]))
     if reasons != {"stop", "length"}:
