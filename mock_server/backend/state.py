@@ -71,19 +71,24 @@ class Backend(Ordering):
 
     # -- helpers used by primitives -------------------------------------------------------
     def now_iso(self) -> str:
+        """The backend clock's now, as a contract timestamp."""
         return iso(self.clock())  # type: ignore[return-value]
 
     def new_id(self, prefix: str) -> str:
+        """A fresh id (``sess_``, ``run_``, ``ckpt_``, ``exp_`` ...), reproducible per seed."""
         self._counter += 1
         return f"{prefix}_{self._counter:06d}{self.rng.bytes(6).hex()}"
 
     def fresh_seed(self) -> int:
+        """A seed drawn from the backend's RNG, for adapters and samples given none."""
         return int(self.rng.integers(0, 2**63 - 1))
 
     def add_checkpoint(self, run: Run, checkpoint: Checkpoint) -> None:
+        """Keep ``checkpoint`` as long as ``run``'s session is remembered."""
         self.checkpoints[checkpoint.checkpoint_id] = (run.session_id, checkpoint)
 
     def find_checkpoint(self, key: str, checkpoint_id: str) -> Checkpoint | None:
+        """The checkpoint ``checkpoint_id`` if ``key`` owns it (SEC-2: else as unknown)."""
         entry = self.checkpoints.get(checkpoint_id)
         if entry is None or self.sessions[entry[0]].key != key:
             return None
@@ -189,6 +194,7 @@ class Backend(Ordering):
         return self.session_view(session)
 
     def get_session(self, *, key: str, session_id: str) -> dict[str, Any]:
+        """LIFE-1: the session's view."""
         return self.session_view(self._session(key, session_id))
 
     def heartbeat(self, *, key: str, session_id: str) -> dict[str, Any]:
@@ -226,6 +232,7 @@ class Backend(Ordering):
         return run
 
     def run_view(self, run: Run) -> dict[str, Any]:
+        """The Run object of the contract."""
         return {"run_id": run.run_id, "session_id": run.session_id, "state": run.state,
                 "next_seq": run.next_seq, "step": run.step,
                 "versions": [{"version": v.version, "step": v.step, "created_at": v.created_at}
@@ -256,6 +263,8 @@ class Backend(Ordering):
         return self.run_view(run)
 
     def get_run(self, *, key: str, run_id: str) -> dict[str, Any]:
+        """The run's view (its state settles first: ``cancelling`` may have become
+        ``cancelled``)."""
         return self.run_view(self.owned_run(key, run_id))
 
     def finish_run(self, *, key: str, run_id: str) -> dict[str, Any]:
@@ -301,6 +310,7 @@ class Backend(Ordering):
         return self._operation_view(self.owned_run(key, run_id), seq)
 
     def export_file(self, *, key: str, run_id: str, export_id: str, name: str) -> bytes:
+        """EXPORT-1: one file of an export, as written."""
         run = self.owned_run(key, run_id)
         export = run.exports.get(export_id)
         if export is None or name not in export.files:

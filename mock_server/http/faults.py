@@ -117,21 +117,14 @@ class FailRunFault(_FaultBase):
     reason: str = "failed by the mock control plane"
 
 
-#: Every fault kind and its specification, the one table ``POST /_mock/faults`` reads.
-FAULT_MODELS: dict[str, type[_FaultBase]] = {
-    "error": ErrorFault, "throttle": ThrottleFault, "latency": LatencyFault, "drop": DropFault,
-    "fail_run": FailRunFault,
-}
-FAULT_KINDS = tuple(FAULT_MODELS)
-
 
 def parse_fault(payload: Any) -> Any:
     """Validate a ``POST /_mock/faults`` body; 422 in the envelope for anything wrong."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
-    if kind not in FAULT_MODELS:
+    if kind not in FAULT_KINDS:
         raise ValidationFailed(f"kind must be one of {list(FAULT_KINDS)}, got {kind!r}",
                                details={"loc": "kind", "kinds": list(FAULT_KINDS)})
-    spec = schemas.validate(FAULT_MODELS[kind], payload)
+    spec = schemas.validate(FAULT_KINDS[kind].model, payload)
     if spec.primitive is not None and spec.primitive not in TARGETS:
         raise ValidationFailed(f"primitive {spec.primitive!r} is not a primitive or endpoint "
                                f"name", details={"loc": "primitive", "known": sorted(TARGETS)})
@@ -215,7 +208,7 @@ class FaultRegistry:
         for fault in self.faults:
             if not fault.matches(name, run_id):
                 continue
-            if fault.kind == "latency":
+            if FAULT_KINDS[fault.kind].answer is None:  # latency: delays, never answers
                 if fault.trigger():
                     delay_ms += fault.spec.delay_ms
             elif chosen is None and fault.trigger():
@@ -268,50 +261,14 @@ class FaultMiddleware:
         delay_ms, fault = self.registry.select(*target)
         if delay_ms:
             await self.registry.sleep(delay_ms / 1000)
-        if fault is None:
+        answer = None if fault is None else FAULT_KINDS[fault.kind].answer
+        if fault is None or answer is None:
             await self.app(scope, receive, send)
             return
         scope.setdefault("state", {})["whitney_fault"] = fault.kind
-        spec = fault.spec
-        where = f"{scope['method']} {scope['path']}"
-        if fault.kind == "fail_run":
-            if spec.run_id in self.registry.backend.runs:  # else forgotten since: nothing to fail
-                self.registry.backend.fail_run(run_id=spec.run_id, reason=spec.reason)
-            await self.app(scope, receive, send)
-            return
-        if fault.kind == "throttle":
-            await _drain(receive)
-            throttled = WhitneyError(f"throttled by an injected fault ({fault.fault_id}); retry "
-                                     f"after {spec.retry_after} s", type="rate_limited",
-                                     status=429, details={"retry_after": spec.retry_after,
-                                                          "fault_id": fault.fault_id})
-            await _send_all(send, error_messages(
-                throttled, _id_header(scope), (b"retry-after", str(spec.retry_after).encode())))
-            return
-        start: Message | None = None
-        if spec.after_execute:
-            start = await self._execute_captured(scope, receive)
-        else:
-            await _drain(receive)
-        if fault.kind == "drop":
-            if start is None:  # headers of a 502 that never completes: still a dropped response
-                dropped = WhitneyError("dropped by an injected fault", type="bad_gateway",
-                                       status=502)
-                start = error_messages(dropped, _id_header(scope))[0]
-            await send(start)
-            logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)  # idempotent
-            raise InjectedDrop(f"{fault.fault_id} dropped the response to {where}"
-                               f"{' after executing it' if spec.after_execute else ''}")
-        error = spec.error or ErrorDetail()
-        injected = WhitneyError(
-            error.message or f"injected fault {fault.fault_id}: {spec.status} on {where}",
-            type=error.type or _DEFAULT_ERROR_TYPES.get(spec.status, "injected_error"),
-            status=spec.status,
-            details=error.details if error.details is not None
-            else {"fault_id": fault.fault_id, "executed": spec.after_execute})
-        await _send_all(send, error_messages(injected, _id_header(scope)))
+        await answer(self, fault, scope, receive, send)
 
-    async def _execute_captured(self, scope: Scope, receive: Receive) -> Message:
+    async def execute_captured(self, scope: Scope, receive: Receive) -> Message:
         """Let the backend execute the request; keep its response start instead of sending it."""
         captured: list[Message] = []
 
@@ -327,6 +284,84 @@ def _id_header(scope: Scope) -> tuple[bytes, bytes]:
     return b"x-request-id", request_id(scope).encode("latin-1")
 
 
+def _where(scope: Scope) -> str:
+    return f"{scope['method']} {scope['path']}"
+
+
 async def _send_all(send: Send, messages: list[Message]) -> None:
     for message in messages:
         await send(message)
+
+
+# -- how each kind answers a call it fires on ------------------------------------------------
+Answer = Callable[[FaultMiddleware, Fault, Scope, Receive, Send], Awaitable[None]]
+
+
+async def _answer_error(middleware: FaultMiddleware, fault: Fault, scope: Scope,
+                        receive: Receive, send: Send) -> None:
+    spec = fault.spec
+    if spec.after_execute:
+        await middleware.execute_captured(scope, receive)
+    else:
+        await _drain(receive)
+    error = spec.error or ErrorDetail()
+    injected = WhitneyError(
+        error.message or f"injected fault {fault.fault_id}: {spec.status} on {_where(scope)}",
+        type=error.type or _DEFAULT_ERROR_TYPES.get(spec.status, "injected_error"),
+        status=spec.status,
+        details=error.details if error.details is not None
+        else {"fault_id": fault.fault_id, "executed": spec.after_execute})
+    await _send_all(send, error_messages(injected, _id_header(scope)))
+
+
+async def _answer_throttle(middleware: FaultMiddleware, fault: Fault, scope: Scope,
+                           receive: Receive, send: Send) -> None:
+    retry_after = fault.spec.retry_after
+    await _drain(receive)
+    throttled = WhitneyError(f"throttled by an injected fault ({fault.fault_id}); retry after "
+                             f"{retry_after} s", type="rate_limited", status=429,
+                             details={"retry_after": retry_after, "fault_id": fault.fault_id})
+    await _send_all(send, error_messages(throttled, _id_header(scope),
+                                         (b"retry-after", str(retry_after).encode())))
+
+
+async def _answer_drop(middleware: FaultMiddleware, fault: Fault, scope: Scope,
+                       receive: Receive, send: Send) -> None:
+    after_execute = fault.spec.after_execute
+    if after_execute:
+        start = await middleware.execute_captured(scope, receive)
+    else:  # headers of a 502 that never completes: still a dropped response
+        await _drain(receive)
+        dropped = WhitneyError("dropped by an injected fault", type="bad_gateway", status=502)
+        start = error_messages(dropped, _id_header(scope))[0]
+    await send(start)
+    logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)  # idempotent
+    raise InjectedDrop(f"{fault.fault_id} dropped the response to {_where(scope)}"
+                       f"{' after executing it' if after_execute else ''}")
+
+
+async def _answer_fail_run(middleware: FaultMiddleware, fault: Fault, scope: Scope,
+                           receive: Receive, send: Send) -> None:
+    backend = middleware.registry.backend
+    if fault.spec.run_id in backend.runs:  # else forgotten since: nothing to fail
+        backend.fail_run(run_id=fault.spec.run_id, reason=fault.spec.reason)
+    await middleware.app(scope, receive, send)
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """One kind of fault: the model of its specification (a ``POST /_mock/faults`` body) and
+    how a fault of this kind answers a call it fires on (``None``: it only delays the call)."""
+
+    model: type[_FaultBase]
+    answer: Answer | None
+
+
+#: Every fault kind, the one table the control plane and the middleware read.
+FAULT_KINDS: dict[str, FaultKind] = {
+    "error": FaultKind(ErrorFault, _answer_error),
+    "throttle": FaultKind(ThrottleFault, _answer_throttle),
+    "latency": FaultKind(LatencyFault, None),
+    "drop": FaultKind(DropFault, _answer_drop),
+    "fail_run": FaultKind(FailRunFault, _answer_fail_run),
+}

@@ -39,6 +39,7 @@ class RouteSpec:
         object.__setattr__(self, "regex", compile_path(API_PREFIX + self.path)[0])
 
     def route(self) -> Route:
+        """This route for Starlette's router."""
         return Route(API_PREFIX + self.path, self.endpoint, methods=[self.method], name=self.name)
 
 
@@ -74,4 +75,5 @@ def match(method: str | None, path: str) -> tuple[RouteSpec, dict[str, str]] | N
 
 
 def starlette_routes() -> list[Route]:
+    """The table for Starlette's router, in order."""
     return [spec.route() for spec in ROUTES]

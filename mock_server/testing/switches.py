@@ -82,6 +82,8 @@ def create_app_with(*, violations: Iterable[str] = (), legal_variants: Iterable[
     given = {"violations": violations, "legal_variants": legal_variants}
     chosen = [(family, names) for keyword, family in FAMILIES.items()
               if (names := family.check(given[keyword]))]
+    if not chosen:
+        return create_app(**options)
     switches = frozenset().union(*(names for _, names in chosen))
     bases = tuple(family.backend for family, _ in chosen if family.backend is not None)
     backend_class = type("SwitchedBackend", bases or (Backend,), {"switches": switches})
