@@ -8,10 +8,15 @@ Profiles: ``--profile contract`` (default) checks what the contract requires of 
 deployment; ``--profile strict`` also checks the mock's exact shapes and choices
 (``strict.yaml``) and reports what only it finds as strict-only, never as a contract failure.
 
+Output: tables on a terminal; elsewhere (a pipe, a CI log) or with ``--plain``, one line per
+check as it completes, failures and warnings expanded whole, then the totals. Before any
+check a preflight makes sure the endpoint answers, takes the key and has capabilities; if not,
+one line says what to fix (exit code 2).
+
 Exit code: 0 when every MUST (and every check of a declared optional capability) passes,
 1 when a contract rule fails, 3 under ``--profile strict`` when the contract passes but
-strict-only findings remain, 2 for usage errors, 130 when interrupted (resources are still
-cleaned up).
+strict-only findings remain, 2 for usage errors and a failed preflight, 130 when interrupted
+(resources are still cleaned up).
 """
 
 from __future__ import annotations
@@ -64,9 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-wait", type=float, default=Options.max_wait_seconds,
                         metavar="SECONDS", help="longest deliberate wait, e.g. for TTL expiry "
                                                 "(default %(default)s)")
+    parser.add_argument("--max-duration", type=float, default=None, metavar="SECONDS",
+                        help="bound on the whole run: checks not started by then are not run, "
+                             "waits stop there (default: none)")
     parser.add_argument("--quota-probe", type=int, default=Options.quota_probe, metavar="N",
                         help="fill quotas up to N to provoke quota_exceeded (default "
                              "%(default)s)")
+    parser.add_argument("--plain", action="store_true",
+                        help="plain lines even on a terminal (the default when stdout is not "
+                             "one)")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="full details")
     return parser
@@ -89,10 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--only {only}: no check matches", file=sys.stderr)
         return 2
 
-    from rich.console import Console
-
-    from .report import print_report, write_json, write_junit
-    from .runner import run_suite
+    from .report import header, plain_lines, print_plain, print_report, write_json, write_junit
+    from .runner import PreflightFailed, run_suite
     from .schema import OpenAPI
     from .target import mask_secrets, open_target
 
@@ -100,25 +109,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = open_target(args.base_url, args.api_key, args.second_api_key,
                              timeout=args.timeout, use_env=False)
         openapi = None if args.no_schema else OpenAPI.load(args.openapi)
+        options = Options(profile=args.profile, max_wait_seconds=args.max_wait,
+                          max_duration_seconds=args.max_duration,
+                          quota_probe=args.quota_probe, fuzz_examples=args.fuzz_examples)
     except (ValueError, FileNotFoundError) as exc:
         print(f"whitney-conformance: {exc}", file=sys.stderr)
         return 2
-    console = Console()
-    options = Options(profile=args.profile, max_wait_seconds=args.max_wait,
-                      quota_probe=args.quota_probe, fuzz_examples=args.fuzz_examples)
     secrets = target.secrets()
+    plain = args.plain or not sys.stdout.isatty()
+    console = None
+    if not plain:
+        from rich.console import Console
 
-    def progress(outcome) -> None:  # noqa: ANN001 - CheckOutcome, imported lazily
-        if args.verbose:
-            console.print(mask_secrets(f"{outcome.status.value:12} {outcome.check.id}", secrets))
+        console = Console()
+
+    def say(line: str, style: str = "") -> None:
+        line = mask_secrets(line, secrets)
+        if console is None:
+            print(line, flush=True)
+        else:
+            from rich.markup import escape
+
+            console.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
+
+    started: list[bool] = []
+
+    def begin() -> None:  # after the preflight: a failed one prints its one line only
+        if plain and not started:
+            started.append(True)
+            say(header(target.description, args.profile))
+
+    def on_outcome(outcome) -> None:  # noqa: ANN001 - CheckOutcome, imported lazily
+        begin()
+        if plain:
+            for line in plain_lines(outcome, verbose=args.verbose):
+                say(line)
+        elif args.verbose:
+            say(f"{outcome.status.value:12} {outcome.check.id}")
+
+    def on_progress(line: str) -> None:
+        begin()
+        say(f"... {line}", "dim")
 
     try:
         summary = run_suite(target, only=only or None, keep_going=args.keep_going,
                             options=options, openapi=openapi,
-                            validate_schema=not args.no_schema, on_outcome=progress)
+                            validate_schema=not args.no_schema, on_outcome=on_outcome,
+                            on_progress=on_progress)
+    except PreflightFailed as exc:
+        print(mask_secrets(f"whitney-conformance: {exc}", secrets), file=sys.stderr)
+        return 2
     finally:
         target.close()
-    print_report(summary, console, verbose=args.verbose)
+    if plain:
+        print_plain(summary, verbose=args.verbose, checks=False)
+    else:
+        print_report(summary, console, verbose=args.verbose)
     if args.report_json:
         write_json(summary, args.report_json)
     if args.junitxml:

@@ -220,10 +220,11 @@ class Held:
         """The warning for a clause that needs a held request when the server answered it
         instead: says what the server did."""
         reply = self.result()
+        answer = f"{reply.status} {reply.error_type}" if reply.error_type else str(reply.status)
         return CheckWarning(
             f"{clause} not exercised: the server did not hold {reply.method} {reply.path} (sent "
-            f"ahead of its turn) but answered {reply.status} {reply.error_type or ''} after "
-            f"{self.answered_after or 0.0:.3f} s (see ORD-2)")
+            f"ahead of its turn) but answered {answer} after {self.answered_after or 0.0:.3f} s "
+            f"(see ORD-2)")
 
 
 class SessionHandle:
@@ -245,6 +246,8 @@ class Ctx:
     caps: dict[str, Any] = field(default_factory=dict)
     check_id: str = "(suite)"
     strict_findings: list[str] = field(default_factory=list)
+    deadline: float | None = None  # time.monotonic() at which --max-duration ends the run
+    progress: Callable[[str], None] | None = None
     _sessions: list[SessionHandle] = field(default_factory=list)
     _rtt: float | None = None
 
@@ -328,6 +331,17 @@ class Ctx:
         in [1, vocab_size - 1] (``top_k`` above vocab_size is 422, section 4a)."""
         return max(1, min(self.vocab - 1, round(self.vocab * fraction)))
 
+    def quota(self, key: str) -> int:
+        """``limits[key]`` when the suite may fill that quota to see 409 ``quota_exceeded``
+        (at most the quota probe), else a warning that names the option that would."""
+        limit = int(self.limits[key])
+        if limit > self.options.quota_probe:
+            raise CheckWarning(
+                f"quota clause not exercised: limits.{key} is {limit}, above the quota probe "
+                f"({self.options.quota_probe}); run with --quota-probe {limit} (pytest: "
+                f"--whitney-quota-probe {limit}) to fill it")
+        return limit
+
     def num_samples(self, n: int) -> int:
         return max(1, min(n, self.limit("max_num_samples")))
 
@@ -366,6 +380,20 @@ class Ctx:
             self._rtt = samples[1]
         wait = int(self.limits.get("order_wait_ms", 1000)) / 1000
         return min(wait / 3, max(0.1, 4 * self._rtt))
+
+    def wait(self, seconds: float, why: str) -> None:
+        """A deliberate wait of the suite's own choosing: within ``--max-wait`` and what is
+        left of ``--max-duration`` (else the clause is reported not exercised), with a
+        progress line when it is long enough to notice."""
+        if seconds > self.options.max_wait_seconds:
+            raise CheckWarning(f"not exercised: waiting {seconds:.1f} s {why} is above the "
+                               f"wait budget (--max-wait {self.options.max_wait_seconds:g})")
+        if self.deadline is not None and time.monotonic() + seconds > self.deadline:
+            raise CheckWarning(f"not exercised: waiting {seconds:.1f} s {why} would pass "
+                               f"--max-duration")
+        if seconds >= 1.0 and self.progress is not None:
+            self.progress(f"{self.check_id}: waiting {seconds:.1f} s {why}")
+        time.sleep(max(0.0, seconds))
 
     def hold(self, send: Callable[[], Reply]) -> Held:
         """Send ``send()`` on a helper thread and wait :meth:`hold_pause` (see :class:`Held`)."""

@@ -7,6 +7,10 @@ and closed at teardown), then ``case.validate_response`` applies schemathesis' o
 ``not_a_server_error``, ``status_code_conformance``, ``content_type_conformance``,
 ``response_headers_conformance`` and ``response_schema_conformance``.
 
+Nothing is written into the caller's working folder: Hypothesis keeps no example database here
+(``database=None``) and its other files (the unicode character cache) go to a temporary home
+directory for the duration of the pass; the caller's Hypothesis home is restored afterwards.
+
 Path ids are either generated (unknown ids: 404 paths) or real ids of the suite (a session
 that stays open, a finished run whose primitives answer 409 at once instead of holding a
 random ``seq`` for ``order_wait_ms``), so the pass reaches handlers beyond the 404.
@@ -20,6 +24,9 @@ runs here with pytest 9.0.3. The fuzz pass does not use schemathesis' pytest int
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .registry import CheckWarning
@@ -64,9 +71,33 @@ def _with_elapsed(response: Any) -> Any:
     return response
 
 
+@contextmanager
+def _temporary_hypothesis_home() -> Iterator[None]:
+    """Hypothesis' files in a temporary directory, not ``./.hypothesis`` of the caller."""
+    import hypothesis.configuration as configuration
+
+    previous = getattr(configuration, "__hypothesis_home_directory", None)
+    with tempfile.TemporaryDirectory(prefix="whitney-conformance-hypothesis-") as home:
+        configuration.set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(previous)
+
+
 def fuzz_operations(wire: Wire, document: dict[str, Any], examples: int,
                     real_ids: dict[str, Any], tag: dict[str, str]) -> tuple[int, list[str]]:
     """Fuzz every ``/v1/training`` operation; (cases sent, problems found)."""
+    try:
+        import hypothesis  # noqa: F401 - only to say which optional dependency is missing
+    except ImportError as exc:
+        raise CheckWarning(f"fuzz pass skipped: {exc.name} is not installed") from None
+    with _temporary_hypothesis_home():
+        return _fuzz(wire, document, examples, real_ids, tag)
+
+
+def _fuzz(wire: Wire, document: dict[str, Any], examples: int, real_ids: dict[str, Any],
+          tag: dict[str, str]) -> tuple[int, list[str]]:
     try:
         import hypothesis
         import schemathesis

@@ -18,6 +18,7 @@ class Options:
 
     profile: str = "contract"
     max_wait_seconds: float = 5.0  # longest deliberate wait (LIFE-4 TTL expiry)
+    max_duration_seconds: float | None = None  # bound on the whole run (None: unbounded)
     quota_probe: int = 16  # largest quota the suite fills to see 409 quota_exceeded
     fuzz_examples: int = 3  # schemathesis examples per operation (0: no fuzz pass)
     body_probe_bytes: int = 64 * 1024 * 1024  # largest body sent to provoke 413

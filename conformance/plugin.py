@@ -42,6 +42,11 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--whitney-timeout", type=float, default=30.0, help="per-request timeout")
     group.addoption("--whitney-fuzz-examples", type=int, default=Options.fuzz_examples,
                     help="schemathesis examples per operation (0 disables SCHEMA-2)")
+    group.addoption("--whitney-quota-probe", type=int, default=Options.quota_probe,
+                    help="fill quotas up to N to provoke quota_exceeded")
+    group.addoption("--whitney-max-duration", type=float, default=None,
+                    help="bound on the whole run in seconds (checks not started by then are "
+                         "not run)")
     group.addoption("--whitney-max-wait", type=float, default=Options.max_wait_seconds,
                     help="longest deliberate wait in seconds (TTL expiry)")
     group.addoption("--whitney-openapi", default=None, help="contract file to validate against")
@@ -54,7 +59,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def whitney_suite(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The run shared by every check test: target, wire, capabilities; teardown sweeps."""
-    from .runner import Suite
+    from .runner import PreflightFailed, Suite
     from .schema import OpenAPI
     from .target import open_target
 
@@ -65,10 +70,17 @@ def whitney_suite(request: pytest.FixtureRequest) -> Iterator[Any]:
                          timeout=config.getoption("whitney_timeout"))
     options = Options(profile=config.getoption("whitney_profile"),
                       max_wait_seconds=config.getoption("whitney_max_wait"),
+                      max_duration_seconds=config.getoption("whitney_max_duration"),
+                      quota_probe=config.getoption("whitney_quota_probe"),
                       fuzz_examples=config.getoption("whitney_fuzz_examples"))
     suite = Suite(target, openapi=OpenAPI.load(config.getoption("whitney_openapi")),
                   options=options)
-    suite.load_capabilities()
+    try:
+        suite.preflight()
+    except PreflightFailed as exc:
+        suite.wire.close()
+        target.close()
+        pytest.exit(f"whitney-conformance: {exc}", returncode=2)
     try:
         yield suite
     finally:

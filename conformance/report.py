@@ -1,17 +1,20 @@
-"""Reports of a run: a rich table per rule family, JSON (``--report-json``), JUnit XML."""
+"""Reports of a run: a rich table per rule family on a terminal, plain lines elsewhere (a log,
+a pipe: one line per check, details whole), JSON (``--report-json``), JUnit XML."""
 
 from __future__ import annotations
 
 import json
+import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .registry import FAMILIES, Status
 from .runner import CheckOutcome, Summary
 
-__all__ = ["print_report", "to_json", "write_json", "write_junit", "rule_status"]
+__all__ = ["print_report", "print_plain", "plain_lines", "header", "footer", "to_json",
+           "write_json", "write_junit", "rule_status"]
 
 _STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red",
           Status.WARN: "yellow", Status.UNSUPPORTED: "cyan", Status.NOT_RUN: "dim",
@@ -33,15 +36,70 @@ def _by_family(summary: Summary) -> dict[str, list[CheckOutcome]]:
     return {family: grouped[family] for family in FAMILIES if family in grouped}
 
 
+def plain_lines(outcome: CheckOutcome, *, verbose: bool = False) -> list[str]:
+    """One line per check (status, id, level); a failure, warning or strict-only finding is
+    expanded on the lines below it, whole (nothing cut to a terminal width)."""
+    check = outcome.check
+    level = check.level.value + (f" ({check.capability})" if check.capability else "")
+    lines = [f"{outcome.status.value.upper():<11} {check.id}  [{level}]"]
+    if outcome.detail and (verbose or outcome.status is not Status.PASS):
+        lines.append(f"            {outcome.detail}")
+    return lines
+
+
+def footer(summary: Summary, *, markup: bool = False) -> list[str]:
+    """Totals, resources, budget and the verdict, as lines (rich markup when asked)."""
+    esc = _escape if markup else (lambda text: text)
+    res = summary.resources
+    closed = "all closed" if res.all_closed else esc(f"NOT all closed: {res.leaked[:5]}")
+    lines = ["  ".join(f"{k}: {v}" for k, v in summary.counts().items() if v),
+             f"resources: {res.sessions_created} sessions and {res.runs_created} runs created, "
+             f"{res.sessions_closed} sessions closed, {res.runs_terminal} runs terminal: "
+             f"{closed}",
+             f"budget: {summary.requests} requests, {summary.tokens_sent} tokens in accepted "
+             f"requests, {summary.sample_tokens_requested} sample tokens requested, "
+             f"{summary.seconds:.1f}s"]
+    if summary.interrupted:
+        lines.append(_style("bold yellow", "interrupted", markup)
+                     + ": resources were cleaned up; exit code 130")
+    else:
+        lines.append(_verdict(summary, markup))
+    return lines
+
+
+def header(summary_or_target: Summary | str, profile: str = "", run_tag: str = "") -> str:
+    if isinstance(summary_or_target, Summary):
+        target = summary_or_target.target
+        profile, run_tag = summary_or_target.profile, summary_or_target.run_tag
+    else:
+        target = summary_or_target
+    tag = f" (run {run_tag})" if run_tag else ""
+    return f"Whitney conformance, profile {profile}, against {target}{tag}"
+
+
+def print_plain(summary: Summary, stream: TextIO | None = None, *, verbose: bool = False,
+                checks: bool = True) -> None:
+    """The layout for a log or a pipe: plain lines, no table, no width limit. ``checks=False``
+    prints only the header and footer (the check lines were streamed as they came)."""
+    stream = stream or sys.stdout
+    print(header(summary), file=stream)
+    if checks:
+        for outcome in summary.outcomes:
+            for line in plain_lines(outcome, verbose=verbose):
+                print(line, file=stream)
+    for line in footer(summary):
+        print(line, file=stream)
+    stream.flush()
+
+
 def print_report(summary: Summary, console: Any = None, *, verbose: bool = False) -> None:
-    """One table per rule family, then totals, resources and the verdict."""
+    """One table per rule family, then totals, resources and the verdict (a terminal)."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
-    console.print(f"[bold]Whitney conformance[/bold], profile {summary.profile}, against "
-                  f"{escape(summary.target)} (run {summary.run_tag})")
+    console.print(_style("bold", "Whitney conformance", True)
+                  + _escape(header(summary)[len("Whitney conformance"):]))
     for family, outcomes in _by_family(summary).items():
         counts = {s: sum(o.status is s for o in outcomes) for s in Status}
         caption = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
@@ -60,38 +118,43 @@ def print_report(summary: Summary, console: Any = None, *, verbose: bool = False
             if outcome.status is Status.PASS:
                 detail = check.title  # what was verified
             table.add_row(check.rule, check.name, level,
-                          f"[{_STYLE[outcome.status]}]{outcome.status.value}[/]", escape(detail))
+                          _style(_STYLE[outcome.status], outcome.status.value, True),
+                          _escape(detail))
         console.print(table)
-    totals = summary.counts()
-    console.print("  ".join(f"{k}: {v}" for k, v in totals.items() if v))
-    res = summary.resources
-    closed = "all closed" if res.all_closed else escape(f"NOT all closed: {res.leaked[:5]}")
-    console.print(f"resources: {res.sessions_created} sessions and {res.runs_created} runs "
-                  f"created, {res.sessions_closed} sessions closed, {res.runs_terminal} runs "
-                  f"terminal: {closed}")
-    console.print(f"budget: {summary.requests} requests, {summary.tokens_sent} tokens in "
-                  f"accepted requests, {summary.sample_tokens_requested} sample tokens "
-                  f"requested, {summary.seconds:.1f}s")
-    if summary.interrupted:
-        console.print("[bold yellow]interrupted[/]: resources were cleaned up; exit code 130")
-    else:
-        console.print(_verdict(summary))
+    for line in footer(summary, markup=True):
+        console.print(line)
 
 
-def _verdict(summary: Summary) -> str:
+def _escape(text: str) -> str:
     from rich.markup import escape
 
-    strict = ", ".join(sorted(summary.strict_only_rules()))
+    return escape(text)
+
+
+def _style(style: str, text: str, markup: bool) -> str:
+    return f"[{style}]{text}[/]" if markup else text
+
+
+def _verdict(summary: Summary, markup: bool = False) -> str:
+    esc = _escape if markup else (lambda text: text)
+    strict = esc(", ".join(sorted(summary.strict_only_rules())))
+    passes = "every MUST (and declared capability) passes"
+    not_run = [o for o in summary.outcomes if o.status is Status.NOT_RUN]
+    if not_run and summary.exit_code != 1:
+        passes = (f"no failure among the checks that ran; {len(not_run)} not run "
+                  f"({not_run[0].detail})")
     if summary.exit_code == 1:
-        text = f"[bold red]failing rules: {escape(', '.join(sorted(summary.failing_rules())))}[/]"
-        return text + (f"; strict-only findings (not failures): {escape(strict)}" if strict else "")
+        failing = esc(", ".join(sorted(summary.failing_rules())))
+        text = _style("bold red", f"failing rules: {failing}", markup)
+        return text + (f"; strict-only findings (not failures): {strict}" if strict else "")
     if summary.exit_code == 3:
-        return (f"[bold green]every MUST (and declared capability) passes[/]; [magenta]strict-only "
-                f"findings (the mock's exact shapes, not contract failures): {escape(strict)}[/]")
+        return (_style("bold green", passes, markup) + "; " + _style(
+            "magenta", f"strict-only findings (the mock's exact shapes, not contract failures): "
+                       f"{strict}", markup))
     if summary.profile == "strict":
-        return ("[bold green]every MUST (and declared capability) passes, and every response "
-                "has the mock's exact shapes (strict)[/]")
-    return "[bold green]every MUST (and declared capability) passes[/]"
+        return _style("bold green", f"{passes}, and every response has the mock's exact "
+                                    f"shapes (strict)", markup)
+    return _style("bold green", passes, markup)
 
 
 def to_json(summary: Summary) -> dict[str, Any]:

@@ -13,20 +13,26 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import httpx
 
 from .checks import all_checks
+from .checks.discovery import capabilities_problem
 from .context import Ctx
 from .options import Options
 from .registry import (Check, CheckFailed, CheckUnsupported, CheckWarning, Level, Status,
                        select)
 from .schema import OpenAPI
-from .target import Target
+from .target import API_PREFIX, Target
 from .wire import PRIMARY, SECOND, TERMINAL, Wire
 
-__all__ = ["CheckOutcome", "Resources", "Summary", "Suite", "run_suite"]
+__all__ = ["CheckOutcome", "PreflightFailed", "Resources", "Summary", "Suite", "run_suite"]
+
+
+class PreflightFailed(Exception):
+    """The endpoint cannot be tested at all (unreachable, key refused, no capabilities); the
+    message is one line saying what to fix. No check ran and nothing was created."""
 
 
 @dataclass
@@ -105,7 +111,7 @@ class Suite:
                  run_tag: str | None = None) -> None:
         self.target = target
         self.run_tag = run_tag or uuid.uuid4().hex[:12]
-        options = options or Options()
+        self.options = options = options or Options()
         self.profile = options.profile
         strict_openapi = None
         if validate_schema:
@@ -113,30 +119,59 @@ class Suite:
             if self.profile == "strict":
                 strict_openapi = openapi.as_profile("strict")
         self.wire = Wire(target, openapi if validate_schema else None, strict_openapi)
-        self.ctx = Ctx(wire=self.wire, run_tag=self.run_tag, options=options)
-        self.capabilities_error: str | None = None
+        self.deadline = (time.monotonic() + options.max_duration_seconds
+                         if options.max_duration_seconds else None)
+        self.progress: Callable[[str], None] | None = None
+        self.ctx = self._context()
 
-    def load_capabilities(self) -> None:
-        self.wire.current_check = "(capabilities)"
+    def _context(self, caps: dict[str, Any] | None = None) -> Ctx:
+        return Ctx(wire=self.wire, run_tag=self.run_tag, options=self.options,
+                   caps=caps or {}, deadline=self.deadline, progress=self._progress)
+
+    def _progress(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(self.wire.mask(line))
+
+    def preflight(self) -> None:
+        """Before any check: the endpoint answers, accepts the key(s), and its capabilities
+        parse (DISC-1's essentials). Raises :class:`PreflightFailed` with what to fix."""
+        self.wire.current_check = "(preflight)"
+        where = f"{self.target.base_url}{API_PREFIX}/capabilities"
         try:
             reply = self.wire.call("GET", "/capabilities")
         except httpx.HTTPError as exc:
-            self.capabilities_error = f"GET /capabilities failed: {type(exc).__name__}: {exc}"
-            return
-        if reply.status != 200 or not isinstance(reply.body, dict):
-            self.capabilities_error = f"GET /capabilities: {reply.describe()}"
-            return
+            raise PreflightFailed(f"cannot reach {where} ({type(exc).__name__}: {exc}); check "
+                                  f"--base-url (the endpoint root, without {API_PREFIX})"
+                                  ) from None
+        if reply.status == 401:
+            raise PreflightFailed(f"{where} refused the API key (401); check --api-key or "
+                                  f"WHITNEY_API_KEY")
+        if reply.status == 404:
+            raise PreflightFailed(f"{where} is 404; is --base-url the root of a Whitney "
+                                  f"endpoint (without {API_PREFIX})?")
+        if reply.status != 200:
+            raise PreflightFailed(f"GET {where} answered {reply.describe()}; the suite needs "
+                                  f"200 with the capabilities (DISC-1)")
+        problem = capabilities_problem(reply.body)
+        if problem:
+            raise PreflightFailed(f"GET {where} does not parse as Whitney capabilities: "
+                                  f"{problem}")
+        if self.target.second_api_key:
+            second = self.wire.call("GET", "/capabilities", auth=SECOND)
+            if second.status != 200:
+                raise PreflightFailed(f"{where} refused the second API key ({second.status}); "
+                                      f"check --second-api-key or WHITNEY_SECOND_API_KEY")
         self.ctx.caps = reply.body
 
     def side_context(self) -> Ctx:
         """A context for a check running beside the main sequence (its own resources)."""
-        return Ctx(wire=self.wire, run_tag=self.run_tag, options=self.ctx.options,
-                   caps=self.ctx.caps)
+        return self._context(self.ctx.caps)
 
     def run_check(self, entry: Check, ctx: Ctx | None = None) -> CheckOutcome:
         """Run one check; ``ctx`` other than the suite's means a side thread."""
-        if self.capabilities_error:
-            return CheckOutcome(entry, Status.ERROR, self.capabilities_error)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return CheckOutcome(entry, Status.NOT_RUN, "not started: the run reached "
+                                                       "--max-duration")
         if entry.capability and not self.ctx.declares(entry.capability):
             return CheckOutcome(entry, Status.UNSUPPORTED, f"{entry.capability} not declared in "
                                                       f"GET /capabilities")
@@ -258,8 +293,15 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
               options: Options | None = None, openapi: OpenAPI | None = None,
               validate_schema: bool = True,
               on_outcome: Callable[[CheckOutcome], None] | None = None,
+              on_progress: Callable[[str], None] | None = None,
               run_tag: str | None = None) -> Summary:
     """Run the selected checks (all by default) and tear down; never raises on Ctrl-C.
+
+    First a preflight (:meth:`Suite.preflight`): an endpoint that cannot be tested raises
+    :class:`PreflightFailed` before any check runs. ``on_outcome`` sees each result as it
+    comes, ``on_progress`` one line per long wait ("LIFE-4:expiry: waiting 2.0 s ...").
+    ``options.max_duration_seconds`` bounds the run: checks not started by then are
+    ``not_run`` and waits inside a check stop there.
 
     ``only`` selects by rule-id prefix (see ``registry.select``); the aggregate checks over
     every response are added to any selection. Without ``keep_going`` the run stops at the
@@ -272,6 +314,12 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
     started = time.monotonic()
     suite = Suite(target, openapi=openapi, validate_schema=validate_schema, options=options,
                   run_tag=run_tag)
+    suite.progress = on_progress
+    try:
+        suite.preflight()
+    except BaseException:
+        suite.wire.close()
+        raise
     checks = select(all_checks(), only)
     if only and checks:
         # Aggregates over every response (SCHEMA-1, TRANSPORT-1:every-response) always judge
@@ -282,7 +330,6 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
     interrupted = False
     side: threading.Thread | None = None
     try:
-        suite.load_capabilities()
         # Checks that mostly wait (TTL expiry, order_wait_ms) run in one side thread while
         # the others proceed; aggregates (run_last) wait for it.
         slow = [c for c in ordered if c.slow and not c.run_last]

@@ -9,6 +9,7 @@ over the in-process transport and against a real service.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,9 +127,16 @@ def open_target(
                   transport=_embedded_transport(mock_options))
 
 
+# A key is masked where it stands as a whole value, never inside a longer word ("e" in
+# "limit_exceeded"): it must not touch a letter, digit, "_" or "-" on either side.
+_WORD_CHARS = r"A-Za-z0-9_\-"
+
+
 def mask_secrets(text: str, secrets: list[str]) -> str:
-    """Replace every API key in ``text`` by ``***`` (keys never reach a report or log)."""
+    """Replace every API key that appears in ``text`` as a whole token by ``***`` (keys never
+    reach a report or log; other words are left as they are)."""
     for secret in sorted(secrets, key=len, reverse=True):
         if secret:
-            text = text.replace(secret, "***")
+            pattern = rf"(?<![{_WORD_CHARS}]){re.escape(secret)}(?![{_WORD_CHARS}])"
+            text = re.sub(pattern, "***", text)
     return text

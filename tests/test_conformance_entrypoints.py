@@ -269,6 +269,13 @@ def test_pytest_pyargs_against_a_url(served: str) -> None:
     assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout
 
 
+def test_pytest_pyargs_preflight_stops_with_one_line() -> None:
+    result = _pytest("--whitney-base-url", "http://127.0.0.1:9", "--whitney-api-key", "k")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "check --base-url" in result.stdout + result.stderr
+    assert " passed" not in result.stdout and " failed" not in result.stdout
+
+
 def test_pytest_pyargs_reports_a_failing_rule() -> None:
     server = _UvicornThread(create_app(api_keys=KEYS, violations=frozenset(
         {"close_with_active_runs"})), "127.0.0.1")

@@ -37,6 +37,28 @@ def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def capabilities_problem(caps: Any) -> str | None:
+    """Why ``caps`` cannot drive the suite at all (the preflight), or None. Only what every
+    check builds on: the first base model's id and sizes, and the maps the checks read; the
+    rest of DISC-1 is the ``DISC-1`` check's job."""
+    if not isinstance(caps, dict):
+        return "the body is not a JSON object"
+    models = caps.get("base_models")
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict):
+        return "no base_models[]"
+    model = models[0]
+    if not isinstance(model.get("id"), str):
+        return "base_models[0].id is not a string"
+    for key in ("vocab_size", "max_context", "eos_token_id", "max_lora_rank"):
+        if not _is_int(model.get(key)):
+            return f"base_models[0].{key} is {model.get(key)!r}, not an integer"
+    for key, kind in (("limits", dict), ("loss_functions", dict), ("features", dict),
+                      ("primitives", list)):
+        if not isinstance(caps.get(key), kind):
+            return f"{key} is missing or not a JSON {'object' if kind is dict else 'array'}"
+    return None
+
+
 def validate_capabilities(caps: Any) -> list[str]:
     """Every DISC-1 problem of a capabilities document."""
     if not isinstance(caps, dict):

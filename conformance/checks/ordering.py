@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from ..context import Ctx, RunHandle, assert_close, assert_json_close, expect_status
+from ..context import Ctx, Held, RunHandle, assert_close, assert_json_close, expect_status
 from ..payloads import adamw, ce_datum, loss_body
 from ..registry import CheckFailed, CheckWarning, check
 from ..wire import NO_AUTH, Reply
@@ -65,7 +65,7 @@ def ord2_out_of_order(ctx: Ctx) -> None:
         threads.append(thread)
         time.sleep(stagger)
     for thread in threads:
-        thread.join(timeout=wait_s + 30)
+        thread.join(timeout=ctx.wire.target.timeout + 1)  # each request is bounded by it
     if errors:
         raise CheckFailed(f"concurrent request raised {errors[0]!r}")
     for seq, (name, _) in enumerate(ops, start=1):
@@ -84,9 +84,14 @@ def ord2_out_of_order(ctx: Ctx) -> None:
 @check("ORD-2", "seq-gap", slow=True, title="a seq still not its turn after order_wait_ms gets 409 "
        "seq_gap with details.expected_seq, not earlier, and is not recorded")
 def ord2_seq_gap(ctx: Ctx) -> None:
+    wait_s = int(ctx.limits["order_wait_ms"]) / 1000
+    if wait_s > ctx.options.max_wait_seconds:
+        raise CheckWarning(f"not exercised: seeing seq_gap takes order_wait_ms ({wait_s:g} s), "
+                           f"above the wait budget (--max-wait {ctx.options.max_wait_seconds:g})")
     run = ctx.run()
     run.forward([ce_datum(ctx.tokens("gap"))], backward=True)
-    wait_s = int(ctx.limits["order_wait_ms"]) / 1000
+    if wait_s >= 1.0 and ctx.progress is not None:
+        ctx.progress(f"{ctx.check_id}: waiting {wait_s:.1f} s (order_wait_ms) for seq_gap")
     started = time.monotonic()
     reply = run.prim("optim_step", {"adamw": adamw()}, seq=run.seq + 1, expect=None)
     elapsed = time.monotonic() - started
@@ -157,29 +162,30 @@ def ord3_replay(ctx: Ctx) -> None:
 def ord3_held_duplicate(ctx: Ctx) -> None:
     run = ctx.run()
     step = {"adamw": adamw()}
-    replies: dict[str, Reply] = {}
     pause = ctx.hold_pause() / 2
 
-    def send(label: str, body: dict[str, Any]) -> None:
-        replies[label] = run.prim("optim_step", body, seq=2, expect=None)
+    def send() -> Reply:
+        return run.prim("optim_step", step, seq=2, expect=None)
 
-    first = threading.Thread(target=send, args=("first", step))
-    first.start()
-    time.sleep(pause)
-    retry = threading.Thread(target=send, args=("retry", step))
-    retry.start()
-    time.sleep(pause)
+    first = Held(send, pause)
+    retry = Held(send, pause)
+    # Whether each was held is read now, before the conflicting body is sent: a server that
+    # holds that one too may let the first two time out meanwhile (they were held all the same).
+    if not first.was_held:
+        raise first.not_held("held-duplicate clause")
+    if not retry.was_held:
+        raise retry.not_held("held-duplicate clause (the retry)")
+    started = time.monotonic()
     other = run.prim("optim_step", {"adamw": adamw(learning_rate=0.5)}, seq=2, expect=None)
-    if not first.is_alive():
-        raise CheckWarning("inconclusive: the server answered a seq ahead of its turn at once "
-                           f"({replies['first'].describe()}; see ORD-2)")
-    expect_status(other, 409, "seq_conflict", what="a different body for a held seq")
+    expect_status(other, 409, "seq_conflict", what=f"a different body for a held seq (answered "
+                  f"after {time.monotonic() - started:.2f} s)")
     run.prim("forward_backward", _fb(ctx, "release the held step"))
-    for thread in (first, retry):
-        thread.join(timeout=30)
-    a, b = replies["first"], replies["retry"]
-    expect_status(a, 200, what="held optim_step seq 2")
-    expect_status(b, 200, what="retry of the held optim_step seq 2")
+    timeout = ctx.wire.target.timeout + 1
+    a, b = first.result(timeout), retry.result(timeout)
+    expect_status(a, 200, what=f"held optim_step seq 2 (answered {first.answered_after:.2f} s "
+                  f"after it was sent)")
+    expect_status(b, 200, what=f"retry of the held optim_step seq 2 (answered "
+                  f"{retry.answered_after:.2f} s after it was sent)")
     if a.body != b.body:
         raise CheckFailed(f"held request and its retry got different responses: {a.body} vs "
                           f"{b.body}")
