@@ -22,7 +22,7 @@ from .wire import PRIMARY, TERMINAL, Reply, Wire
 
 __all__ = ["Ctx", "RunHandle", "SessionHandle", "Held", "RECORDED_FAILURES", "contract_view",
            "same_view",
-           "expect_status", "close", "assert_close", "assert_json_close"]
+           "expect_status", "close", "assert_close", "assert_moved", "assert_json_close"]
 
 # error.type values raised at a primitive's turn: recorded, consuming the seq (ORD-4, 4a).
 RECORDED_FAILURES = frozenset({"no_gradients", "version_conflict", "version_not_found",
@@ -86,6 +86,18 @@ def assert_close(actual: Iterable[float] | float, expected: Iterable[float] | fl
             continue
         if not close(float(a), float(b), tol, rel):
             raise CheckFailed(f"{what}[{i}]: got {a!r}, expected {b!r} (tol {tol:g})")
+
+
+def assert_moved(after: Iterable[float], before: Iterable[float], tol: float, what: str) -> None:
+    """The observable responds: ``after`` differs from ``before`` by more than ten times the
+    tolerance. Every check that asserts an invariance (two things equal) also asserts this,
+    so that a server ignoring its input (answering the same thing always) cannot pass it."""
+    pairs = [(a, b) for a, b in zip(after, before) if a is not None and b is not None]
+    moved = max((abs(float(a) - float(b)) for a, b in pairs), default=0.0)
+    if not moved > 10 * tol:
+        raise CheckFailed(f"{what}: the logprobs changed by {moved:g} only (tolerance {tol:g}); "
+                          f"the equalities checked here would hold for a server that ignores "
+                          f"its input")
 
 
 def assert_json_close(actual: Any, expected: Any, tol: float, what: str) -> None:

@@ -7,7 +7,7 @@ import json
 import struct
 from typing import Any
 
-from ..context import Ctx, RunHandle, assert_close, expect_status
+from ..context import Ctx, RunHandle, assert_close, assert_moved, expect_status
 from ..payloads import adamw, ce_datum
 from ..registry import CheckFailed, check
 
@@ -22,16 +22,20 @@ def _load(run: RunHandle, checkpoint_id: str, with_optimizer: bool) -> dict[str,
 
 
 @check("CKPT-1", "with-optimizer", capability="primitives.load_state", title="load_state "
-       "with_optimizer restores weights, step and AdamW moments: training continues bit for bit")
+       "with_optimizer restores weights, step and AdamW moments: training continues bit for bit "
+       "(and the restored run differs from a fresh one, its moments from fresh moments)")
 def ckpt1_with_optimizer(ctx: Ctx) -> None:
+    fresh = _probe(ctx, ctx.run(seed=71))
     run = ctx.run(seed=71)
     run.train(ctx.tokens("before the checkpoint"))
     saved = run.body("save_state", {"name": "ckpt-1"})
     if saved.get("step") != 1 or not isinstance(saved.get("checkpoint_id"), str):
         raise CheckFailed(f"save_state after one step answered {saved}")
     at_save = _probe(ctx, run)
+    assert_moved(at_save, fresh, ctx.tol, "the run at save_state vs a fresh run")
     continued = run.train(ctx.tokens("after the checkpoint"), beta1=0.6)
     after_continue = _probe(ctx, run)
+    assert_moved(after_continue, at_save, ctx.tol, "the step after save_state")
     loaded = _load(run, saved["checkpoint_id"], True)
     if (loaded.get("checkpoint_id"), loaded.get("step")) != (saved["checkpoint_id"], 1):
         raise CheckFailed(f"load_state answered {loaded}, expected the checkpoint id and step 1")
@@ -44,6 +48,11 @@ def ckpt1_with_optimizer(ctx: Ctx) -> None:
                      f"the step after load_state(with_optimizer) {key}", rel=ctx.tol)
     assert_close(_probe(ctx, run), after_continue, ctx.tol,
                  "logprobs of the continued training after load_state(with_optimizer)")
+    # The moments are observable: the same step from fresh moments (t = 1) lands elsewhere.
+    _load(run, saved["checkpoint_id"], False)
+    run.train(ctx.tokens("after the checkpoint"), beta1=0.6)
+    assert_moved(_probe(ctx, run), after_continue, ctx.tol, "the same step from the checkpoint "
+                 "with fresh AdamW moments vs with the restored ones")
 
 
 @check("CKPT-1", "without-optimizer", capability="primitives.load_state", title="load_state "
@@ -65,6 +74,8 @@ def ckpt1_without_optimizer(ctx: Ctx) -> None:
         step = run.train(ctx.tokens("after reload"), beta1=betas[0], beta2=betas[1])
         results.append((step, _probe(ctx, run)))
     (a, a_lp), (b, b_lp) = results
+    _load(run, checkpoint, False)
+    assert_moved(a_lp, _probe(ctx, run), ctx.tol, "the first step after load_state")
     if a["step"] != 2 or b["step"] != 2:
         raise CheckFailed(f"steps after load_state at step 1 report {a['step']}, {b['step']}")
     assert_close(b["update_norm"], a["update_norm"], ctx.tol, "first step after "

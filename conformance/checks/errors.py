@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from ..context import Ctx, RunHandle, assert_close, expect_status, same_view
+from ..context import Ctx, RunHandle, assert_close, assert_moved, expect_status, same_view
 from ..payloads import adamw, ce_datum, loss_body, sampling
 from ..registry import CheckFailed, CheckWarning, check
 from ..wire import NO_AUTH, Reply
@@ -233,11 +233,13 @@ def err3_no_state_change(ctx: Ctx) -> None:
     reference, subject = ctx.run(seed=31), ctx.run(seed=31)
     for run in (reference, subject):
         run.save(0)
+    untrained = reference.score(probe)
     reference.forward(data, backward=True)
     expected1 = reference.step()
     reference.forward(data, backward=True)
     expected2 = reference.step(beta1=0.5)
     expected_state = _snapshot(reference, probe)
+    assert_moved(expected_state[1], untrained, ctx.tol, "two accepted optimizer steps")
 
     subject.forward(data, backward=True)
     _refused_battery(ctx, subject)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..context import Ctx, RunHandle, assert_close
+from ..context import Ctx, RunHandle, assert_close, assert_moved
 from ..payloads import adamw, ce_datum, rl_datum
 from ..registry import CheckFailed, CheckWarning, check
 
@@ -90,14 +90,17 @@ def opt1_explicit(ctx: Ctx) -> None:
 
 
 @check("OPT-2", "bias-correction", title="a first AdamW step does not depend on beta1/beta2 "
-       "(torch's bias-corrected moments)")
+       "(torch's bias-corrected moments), and it moves the weights")
 def opt2_bias_correction(ctx: Ctx) -> None:
     probe = ctx.tokens("after the step")
     results = []
     for beta1, beta2 in ((0.9, 0.999), (0.5, 0.9), (0.0, 0.0)):
         run = _fresh_with_grad(ctx)
+        before = run.score(probe) if not results else None
         step = run.step(beta1=beta1, beta2=beta2)
         results.append((beta1, beta2, step, run.score(probe)))
+        if before is not None:
+            assert_moved(results[0][3], before, ctx.tol, "the first AdamW step")
     _, _, base, base_lp = results[0]
     for beta1, beta2, step, lp in results[1:]:
         what = f"first step with betas ({beta1}, {beta2}) vs (0.9, 0.999)"
