@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .options import PROFILES, Options
 
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     from .report import header, plain_lines, print_plain, print_report, write_json, write_junit
-    from .runner import PreflightFailed, run_suite
+    from .runner import CheckOutcome, PreflightFailed, run_suite
     from .schema import OpenAPI
     from .target import mask_secrets, open_target
 
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             started.append(True)
             say(header(target.description, args.profile))
 
-    def on_outcome(outcome) -> None:  # noqa: ANN001 - CheckOutcome, imported lazily
+    def on_outcome(outcome: CheckOutcome) -> None:
         begin()
         if plain:
             for line in plain_lines(outcome, verbose=args.verbose):

@@ -10,14 +10,15 @@ re-reading the run.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
 import threading
-from typing import Any, Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from .options import Options
-from .registry import CheckFailed, CheckUnsupported, CheckWarning
 from .payloads import adamw, ce_datum, loss_body, sampling
+from .registry import CheckFailed, CheckUnsupported, CheckWarning
 from .wire import PRIMARY, TERMINAL, Reply, Wire
 
 __all__ = ["Ctx", "RunHandle", "SessionHandle", "Held", "RECORDED_FAILURES", "contract_view",
@@ -42,15 +43,16 @@ def contract_view(view: Any) -> Any:
         return view
     fields = RUN_FIELDS if "run_id" in view else SESSION_FIELDS
     out = {key: view.get(key) for key in fields}
-    if isinstance(out.get("versions"), list) and "run_id" in view:
+    versions = out.get("versions")
+    if isinstance(versions, list) and "run_id" in view:
         out["versions"] = [{k: v.get(k) for k in VERSION_FIELDS} if isinstance(v, dict) else v
-                           for v in out["versions"]]
+                           for v in versions]
     return out
 
 
 def same_view(a: Any, b: Any) -> bool:
     """Two session or run views agree on every field the contract defines."""
-    return contract_view(a) == contract_view(b)
+    return bool(contract_view(a) == contract_view(b))
 
 
 def expect_status(reply: Reply, status: int, error_type: str | None = None,
@@ -124,7 +126,7 @@ def assert_json_close(actual: Any, expected: Any, tol: float, what: str) -> None
 class RunHandle:
     """A run under test and its next ``seq``."""
 
-    def __init__(self, ctx: "Ctx", view: dict[str, Any], auth: str = PRIMARY) -> None:
+    def __init__(self, ctx: Ctx, view: dict[str, Any], auth: str = PRIMARY) -> None:
         self.ctx = ctx
         self.view = view
         self.id: str = view["run_id"]
@@ -157,7 +159,8 @@ class RunHandle:
 
     def body(self, name: str, body: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
         """Send ``name`` expecting 200 and return the parsed body."""
-        return self.prim(name, body, **kwargs).body
+        reply: dict[str, Any] = self.prim(name, body, **kwargs).body
+        return reply
 
     def forward(self, data: list[dict[str, Any]], loss: str = "cross_entropy",
                 config: dict[str, Any] | None = None, *, backward: bool = False,
@@ -170,7 +173,8 @@ class RunHandle:
 
     def score(self, tokens: list[int]) -> list[float]:
         """``forward`` logprobs of ``tokens[1:]`` after their prefixes (training weights)."""
-        return self.forward([ce_datum(tokens)])["outputs"][0]["logprobs"]
+        logprobs: list[float] = self.forward([ce_datum(tokens)])["outputs"][0]["logprobs"]
+        return logprobs
 
     def step(self, **overrides: Any) -> dict[str, Any]:
         """``optim_step`` with the suite's AdamW (``payloads.adamw``) and ``overrides``."""
@@ -240,7 +244,7 @@ class Held:
 
 
 class SessionHandle:
-    def __init__(self, ctx: "Ctx", view: dict[str, Any], auth: str) -> None:
+    def __init__(self, ctx: Ctx, view: dict[str, Any], auth: str) -> None:
         self.ctx = ctx
         self.view = view
         self.id: str = view["session_id"]
@@ -279,7 +283,8 @@ class Ctx:
         models = self.caps.get("base_models") or []
         if not models:
             raise CheckUnsupported("capabilities declare no base model")
-        return models[0]
+        model: dict[str, Any] = models[0]
+        return model
 
     @property
     def vocab(self) -> int:

@@ -41,7 +41,9 @@ _FUZZ_BASE = "http://fuzz.invalid"
 def _checks() -> list[Any]:
     from schemathesis.checks import not_a_server_error
     from schemathesis.specs.openapi.checks import (
-        content_type_conformance, response_headers_conformance, response_schema_conformance,
+        content_type_conformance,
+        response_headers_conformance,
+        response_schema_conformance,
         status_code_conformance,
     )
 

@@ -7,7 +7,8 @@ n tokens gives a datum of n - 1 positions: inputs ``tokens[:-1]``, targets ``tok
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["ce_datum", "rl_datum", "with_inputs", "loss_body", "sampling", "adamw"]
 

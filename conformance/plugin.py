@@ -14,7 +14,8 @@ labelled "strict-only finding (the contract passes)".
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from .options import PROFILES, Options
 
 __all__ = ["add_options", "whitney_suite", "pytest_addoption", "pytest_terminal_summary"]
 
-_RESULT_KEY = pytest.StashKey[dict]()
+_RESULT_KEY = pytest.StashKey[dict[str, Any]]()
 
 
 def add_options(parser: pytest.Parser) -> None:

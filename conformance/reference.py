@@ -15,7 +15,8 @@ the weights exactly as ``cross_entropy`` with ``weights = -∂loss/∂p`` does (
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["DEFAULT_CONFIG", "loss_value", "dloss_dp", "clip"]
 

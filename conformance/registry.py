@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 __all__ = [
     "Level", "Status", "Check", "CheckFailed", "CheckWarning", "CheckUnsupported",
@@ -36,6 +37,10 @@ FAMILIES = (
     "TRANSPORT", "SEC", "ERR", "DISC", "LIFE", "ORD", "VER", "LOSS", "OPT", "GRAD", "SAMPLE",
     "CKPT", "EXPORT", "SCHEMA",
 )
+
+# A check receives the suite's context (``conformance.context.Ctx``; not imported here, the
+# registry stays a leaf) and passes by returning.
+CheckFunc = Callable[[Any], None]
 
 _RULE_RE = re.compile(r"^([A-Z]+)-(\d+)$")
 
@@ -79,7 +84,7 @@ class Check:
     name: str
     level: Level
     title: str
-    func: Callable = field(compare=False, repr=False)
+    func: CheckFunc = field(compare=False, repr=False)
     capability: str | None = None
     needs_second_key: bool = False
     run_last: bool = False
@@ -115,7 +120,7 @@ def check(
     needs_second_key: bool = False,
     run_last: bool = False,
     slow: bool = False,
-) -> Callable[[Callable], Callable]:
+) -> Callable[[CheckFunc], CheckFunc]:
     """Register ``func`` as the check ``rule:name``.
 
     ``capability`` is a dotted path into the capabilities document that must be declared
@@ -130,7 +135,7 @@ def check(
     elif level is Level.OPTIONAL:
         raise ValueError(f"{rule}:{name}: OPTIONAL needs a capability")
 
-    def decorate(func: Callable) -> Callable:
+    def decorate(func: CheckFunc) -> CheckFunc:
         entry = Check(rule=rule, name=name, level=level, title=title, func=func,
                       capability=capability, needs_second_key=needs_second_key,
                       run_last=run_last, slow=slow)

@@ -12,8 +12,9 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -21,8 +22,7 @@ from .checks import all_checks
 from .checks.discovery import capabilities_problem
 from .context import Ctx
 from .options import Options
-from .registry import (Check, CheckFailed, CheckUnsupported, CheckWarning, Level, Status,
-                       select)
+from .registry import Check, CheckFailed, CheckUnsupported, CheckWarning, Level, Status, select
 from .schema import OpenAPI
 from .target import API_PREFIX, Target
 from .wire import PRIMARY, SECOND, TERMINAL, Wire
@@ -76,7 +76,7 @@ class Summary:
     sample_tokens_requested: int
     seconds: float
     interrupted: bool = False
-    capabilities: dict = field(default_factory=dict)
+    capabilities: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:

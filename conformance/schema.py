@@ -171,11 +171,11 @@ class OpenAPI:
         self._registry = referencing.Registry().with_resource(_DOC_URI, resource)
 
     @classmethod
-    def load(cls, path: str | Path | None = None, *, profile: str = "contract") -> "OpenAPI":
+    def load(cls, path: str | Path | None = None, *, profile: str = "contract") -> OpenAPI:
         """The packaged contract, or the document at ``path``, as ``profile`` reads it."""
         return _load_cached(None if path is None else str(Path(path).resolve()), profile)
 
-    def as_profile(self, profile: str) -> "OpenAPI":
+    def as_profile(self, profile: str) -> OpenAPI:
         """The same document read by another profile (strict: with the overlay applied)."""
         if profile == self.profile:
             return self

@@ -11,7 +11,8 @@ import warnings
 import pytest
 
 from conformance.checks import all_checks
-from conformance.registry import Level, Status
+from conformance.registry import Check, Level, Status
+from conformance.runner import Suite
 
 _CHECKS = [c for c in all_checks() if not c.run_last] + [c for c in all_checks() if c.run_last]
 
@@ -21,7 +22,7 @@ class ConformanceWarning(UserWarning):
 
 
 @pytest.mark.parametrize("entry", _CHECKS, ids=[c.id for c in _CHECKS])
-def test_rule(entry, whitney_suite):  # noqa: ANN001, ANN201 - pytest test
+def test_rule(entry: Check, whitney_suite: Suite) -> None:
     outcome = whitney_suite.run_check(entry)
     label = f"{entry.rule} ({entry.level.value}): {entry.title}"
     if outcome.status is Status.UNSUPPORTED:

@@ -64,7 +64,8 @@ class Reply:
     def replayed(self) -> bool:
         """ORD-3 / EXT-1: only ``Whitney-Replayed: true`` marks a replay; absence, or any
         other value (``false`` included), does not."""
-        return self.headers.get("whitney-replayed", "").strip().lower() == "true"
+        value: str = self.headers.get("whitney-replayed", "")
+        return value.strip().lower() == "true"
 
     def describe(self) -> str:
         """``POST /runs/x/forward -> 422 unknown_field: message`` for failure details."""

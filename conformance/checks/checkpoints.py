@@ -98,7 +98,8 @@ def parse_safetensors(blob: bytes) -> dict[str, dict[str, Any]]:
         start, end = info["data_offsets"]
         if not 0 <= start <= end <= data_len:
             raise CheckFailed(f"tensor {name}: data_offsets {info['data_offsets']} outside data")
-    return header
+    tensors: dict[str, dict[str, Any]] = header
+    return tensors
 
 
 @check("EXPORT-1", "peft", capability="primitives.export_lora", title="export_lora -> peft "

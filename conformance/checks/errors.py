@@ -73,7 +73,8 @@ def oversized_reply(ctx: Ctx) -> Reply | None:
         except httpx.TransportError as exc:
             raise CheckWarning(f"a body of {limit + 1} bytes got no response "
                                f"({type(exc).__name__}); 413 not observed") from None
-    return ctx.wire.cache["oversized"]
+    oversized: Reply = ctx.wire.cache["oversized"]
+    return oversized
 
 
 MALFORMED = [
@@ -112,7 +113,8 @@ def err2_validation(ctx: Ctx) -> None:
         (b'{"seq": %d, %s}' % (seq, adam % b"1e999"), "learning_rate 1e999"),
         (b'{"seq": %d, "loss_function": "cross_entropy", "loss_config": {}, "data": [{'
          b'"model_input": {"token_ids": [%d, %d]}, "loss_inputs": {"target_tokens": [%d, %d], '
-         b'"weights": [1, 1e999]}}]}' % (seq, *(ctx.token(i) for i in (1, 2, 2, 3))),
+         b'"weights": [1, 1e999]}}]}' % (seq, ctx.token(1), ctx.token(2), ctx.token(2),
+                                        ctx.token(3)),
          "weights [1, 1e999]"),
     ]
     for raw, label in raw_cases:

@@ -16,7 +16,8 @@ carries its scale.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..context import Ctx, RunHandle, assert_close, expect_status
 from ..payloads import adamw, ce_datum, rl_datum, with_inputs
@@ -204,7 +205,7 @@ def loss6_refusals(ctx: Ctx) -> None:
     raw = (b'{"seq": %d, "loss_function": "%s", "loss_config": {}, "data": [{"model_input": '
            b'{"token_ids": [%d, %d]}, "loss_inputs": {"target_tokens": [%d, %d], "logprobs": '
            b'[-1, -1], "advantages": [1e999, 1]}}]}'
-           % (run.seq, loss.encode(), *(ctx.token(i) for i in (1, 2, 2, 3))))
+           % (run.seq, loss.encode(), ctx.token(1), ctx.token(2), ctx.token(2), ctx.token(3)))
     expect_status(ctx.wire.call("POST", f"/runs/{run.id}/forward", content=raw), 422,
                   what="advantages 1e999 (not finite after parsing)")
     if run.get()["next_seq"] != run.seq:

@@ -93,7 +93,7 @@ def opt1_explicit(ctx: Ctx) -> None:
        "(torch's bias-corrected moments), and it moves the weights")
 def opt2_bias_correction(ctx: Ctx) -> None:
     probe = ctx.tokens("after the step")
-    results = []
+    results: list[tuple[float, float, dict[str, Any], list[float]]] = []
     for beta1, beta2 in ((0.9, 0.999), (0.5, 0.9), (0.0, 0.0)):
         run = _fresh_with_grad(ctx)
         before = run.score(probe) if not results else None
