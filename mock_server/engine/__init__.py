@@ -1,3 +1,4 @@
-"""The numeric engine, numpy only: model specs (``specs``), the tiny LM (``model``), the loss
-table (``losses``), AdamW (``optim``), sampling (``sampling``) and the PEFT file format
-(``peft``). Imports nothing else of ``mock_server``."""
+"""The numeric engine, numpy only: model specs (``specs``), the language model (``model``, with
+its input ``embedding`` and output ``head``), the loss table (``losses``), AdamW (``optim``),
+sampling (``sampling``) and the PEFT file format (``peft``). Imports nothing else of
+``mock_server``."""
