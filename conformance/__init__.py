@@ -6,6 +6,10 @@ Entry points: ``whitney-conformance`` / ``python -m conformance`` (see ``cli.py`
     from conformance import open_target, run_suite
     summary = run_suite(open_target())          # the embedded mock
     summary.exit_code, summary.failing_rules()
+    run_suite(target, options=Options(profile="strict"))   # also the mock's exact shapes
+
+``run_suite`` raises ``PreflightFailed`` (one line saying what to fix) when the endpoint cannot
+be tested at all.
 
 The names below are imported on first use: importing ``conformance`` (as the pytest plugin
 does in every pytest run) loads no HTTP, schema or numeric library.
@@ -20,14 +24,15 @@ if TYPE_CHECKING:
     from .checks import all_checks
     from .options import Options
     from .registry import Check, Level, Status
-    from .runner import CheckOutcome, Summary, run_suite
+    from .runner import CheckOutcome, PreflightFailed, Summary, run_suite
     from .target import Target, open_target
 
-__all__ = ["Check", "CheckOutcome", "Level", "Options", "Status", "Summary", "Target",
-           "all_checks", "open_target", "run_suite"]
+__all__ = ["Check", "CheckOutcome", "Level", "Options", "PreflightFailed", "Status", "Summary",
+           "Target", "all_checks", "open_target", "run_suite"]
 
 _HOME = {"Check": "registry", "Level": "registry", "Status": "registry",
-         "CheckOutcome": "runner", "Summary": "runner", "run_suite": "runner",
+         "CheckOutcome": "runner", "PreflightFailed": "runner", "Summary": "runner",
+         "run_suite": "runner",
          "Target": "target", "open_target": "target", "Options": "options",
          "all_checks": "checks"}
 

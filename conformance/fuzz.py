@@ -23,6 +23,7 @@ runs here with pytest 9.0.3. The fuzz pass does not use schemathesis' pytest int
 
 from __future__ import annotations
 
+import copy
 import json
 import tempfile
 from collections.abc import Iterator
@@ -109,7 +110,9 @@ def _fuzz(wire: Wire, document: dict[str, Any], examples: int, real_ids: dict[st
     except ImportError as exc:  # schemathesis is an optional dependency of the suite
         raise CheckWarning(f"fuzz pass skipped: {exc.name} is not installed") from None
 
-    schema = schemathesis.openapi.from_dict(document)
+    # schemathesis gets its own copy: generated cases may hand back the document's example
+    # objects, and nothing done to a case may reach the contract the suite validates with.
+    schema = schemathesis.openapi.from_dict(copy.deepcopy(document))
     checks = _checks()
     problems: list[str] = []
     sent = 0
@@ -131,7 +134,9 @@ def _fuzz(wire: Wire, document: dict[str, Any], examples: int, real_ids: dict[st
         def send(case: Any) -> None:
             nonlocal sent
             if operation.path == f"{API_PREFIX}/sessions" and isinstance(case.body, dict):
-                case.body["metadata"] = dict(tag)  # hygiene: fuzzed sessions are tagged too
+                # hygiene: fuzzed sessions are tagged too. A copy: the body may be the
+                # document's own example object, which must stay as the contract wrote it.
+                case.body = {**case.body, "metadata": dict(tag)}
             kwargs = case.as_transport_kwargs(base_url=_FUZZ_BASE, headers=auth)
             url = str(kwargs["url"])
             path = url[len(_FUZZ_BASE):] if url.startswith(_FUZZ_BASE) else url

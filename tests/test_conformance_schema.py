@@ -157,3 +157,33 @@ def test_header_values_are_validated(spec: OpenAPI, strict: OpenAPI) -> None:
         headers = {**JSON, "retry-after": value}
         problems = spec.validate_response("POST", "/runs/r/optim_step", 429, headers, throttled)
         assert (problems == []) is ok, (value, problems)
+
+
+def test_a_fuzz_pass_leaves_the_loaded_contract_as_written(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """SCHEMA-2 tags the sessions it creates; a generated case may carry the document's own
+    example object as its body, so schemathesis works on a copy and the loaded contract (shared
+    by every later validation) stays as written."""
+    import schemathesis
+    import yaml
+
+    from conformance import open_target, run_suite
+    from conformance.options import Options
+
+    given: list[object] = []
+    real_from_dict = schemathesis.openapi.from_dict
+
+    def spy(document: dict, *args: object, **kwargs: object) -> object:  # type: ignore[type-arg]
+        given.append(document)
+        return real_from_dict(document, *args, **kwargs)
+
+    monkeypatch.setattr(schemathesis.openapi, "from_dict", spy)
+    target = open_target(use_env=False)
+    try:
+        summary = run_suite(target, only=["SCHEMA-2"], options=Options(fuzz_examples=2))
+    finally:
+        target.close()
+    assert summary.exit_code == 0 and len(given) == 1
+    loaded = OpenAPI.load().document
+    assert given[0] is not loaded and given[0] is not loaded["paths"]
+    assert loaded == yaml.safe_load(contract_bytes())
