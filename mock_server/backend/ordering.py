@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ import orjson
 
 from .config import Limits
 from .errors import Conflict, NotFound, WhitneyError
-from .records import Held, Operation, Outcome, Run, Thunk
+from .records import Held, HoldEnded, Operation, Outcome, Run, Thunk
 from .schemas import INT64_MAX
 
 __all__ = ["Ordering"]
@@ -47,6 +48,7 @@ class Ordering:
                 raise Conflict(f"seq {seq} was already used with a different body",
                                type="seq_conflict", details={"seq": seq})
             self._on_replay(run, prepare)
+            recorded.count_replay()
             return Outcome(recorded.status, recorded.payload, replayed=True)
         if run.state != "active":  # LIFE-8 (run_cancelled is for requests already held)
             raise Conflict(f"run is {run.state}", type="run_not_active")
@@ -58,15 +60,19 @@ class Ordering:
             if held.digest != digest or held.primitive != primitive:
                 raise Conflict(f"seq {seq} is already waiting with a different body",
                                type="seq_conflict", details={"seq": seq})
-            return self._outcome(await asyncio.shield(held.future), replayed=True)
+            duplicate = await asyncio.shield(held.future)
+            duplicate.count_replay()
+            return self._outcome(duplicate, replayed=True)
         future: asyncio.Future[Operation] = asyncio.get_running_loop().create_future()
-        run.held[seq] = Held(primitive, digest, thunk, future)
+        run.held[seq] = entry = Held(primitive, digest, thunk, future)
         try:
             operation = await asyncio.wait_for(asyncio.shield(future),
                                                self.limits.order_wait_ms / 1000)
         except TimeoutError:
             if run.held.get(seq) is not None and run.held[seq].future is future:
                 del run.held[seq]
+                run.events.append(HoldEnded(seq, primitive, "seq_gap",
+                                            (time.monotonic() - entry.since) * 1000))
             error = Conflict(f"seq {seq} is not its turn: the run expects seq {run.next_seq}",
                              type="seq_gap", details={"expected_seq": run.next_seq})
             if not future.done():
@@ -84,7 +90,9 @@ class Ordering:
         """Run ``seq``, then every held request that has become next in line (ORD-2)."""
         first = self._execute(run, seq, primitive, digest, thunk)
         while run.state == "active" and (held := run.held.pop(run.next_seq, None)) is not None:
+            waited_ms = (time.monotonic() - held.since) * 1000
             operation = self._execute(run, run.next_seq, held.primitive, held.digest, held.thunk)
+            operation.held_ms = waited_ms
             if not held.future.done():
                 held.future.set_result(operation)
         return first
@@ -92,6 +100,7 @@ class Ordering:
     def _execute(self, run: Run, seq: int, primitive: str, digest: bytes,
                  thunk: Thunk) -> Operation:
         """Execute one primitive and record its outcome, success or failure (ORD-4)."""
+        started = time.perf_counter()
         self._before_execute(run, primitive)
         try:
             result = self._result(run, primitive, thunk())
@@ -104,7 +113,8 @@ class Ordering:
             status, payload = 500, orjson.dumps(WhitneyError("the mock hit an internal error "
                                                              "executing this primitive").envelope())
         # orjson hands back its whole write buffer; copy to keep each record at its size.
-        operation = Operation(seq, primitive, digest, status, bytes(memoryview(payload)))
+        operation = Operation(seq, primitive, digest, status, bytes(memoryview(payload)),
+                              (time.perf_counter() - started) * 1000)
         run.ops[seq] = operation
         run.next_seq = seq + 1
         return operation
@@ -128,7 +138,10 @@ class Ordering:
     def _fail_held(self, run: Run, error_type: str, message: str) -> None:
         """Answer every request held on ``run`` with 409 ``error_type`` (LIFE-6, LIFE-7)."""
         held, run.held = run.held, {}
-        for entry in held.values():
+        now = time.monotonic()
+        for seq, entry in held.items():
+            run.events.append(HoldEnded(seq, entry.primitive, error_type,
+                                        (now - entry.since) * 1000))
             if not entry.future.done():
                 entry.future.set_exception(Conflict(message, type=error_type))
 

@@ -8,6 +8,9 @@ Plain dataclasses, no behaviour beyond GRAD-1's gradient accumulation; the ``Bac
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,14 +23,21 @@ from ..engine.model import BaseModel as BaseLM
 from ..engine.optim import AdamWState
 from ..engine.specs import Lora
 
-__all__ = ["TERMINAL", "Checkpoint", "Export", "Held", "Operation", "Outcome", "Run", "Session",
-           "Thunk", "Version", "iso"]
+__all__ = ["EVENTS_KEPT", "TERMINAL", "Checkpoint", "Export", "Held", "HoldEnded", "Operation",
+           "Outcome", "Run", "Session", "Thunk", "Version", "iso", "next_rev"]
 
 #: Run states a run never leaves (LIFE-8).
 TERMINAL = frozenset({"finished", "cancelled", "failed"})
 
 #: A primitive ready to execute at its turn: returns the result, or raises a WhitneyError.
 Thunk = Callable[[], dict[str, Any]]
+
+#: Revision numbers, one process-wide counter: every record that is created or changes takes
+#: the next one, so a reader (the dashboard) asks only for what changed since the last it saw.
+next_rev: Callable[[], int] = itertools.count(1).__next__
+
+#: How many ended holds (see ``HoldEnded``) a run keeps for the dashboard: the oldest go first.
+EVENTS_KEPT = 64
 
 
 @dataclass
@@ -39,10 +49,20 @@ class Operation:
     digest: bytes
     status: int
     payload: bytes  # the response body: the result, or the ERR-1 envelope
+    # Bookkeeping for the dashboard (cheap: no effect on what the contract answers).
+    duration_ms: float = 0.0  # time spent executing at its turn
+    held_ms: float | None = None  # time held for its turn before executing (None: never held)
+    replays: int = 0  # answers of this record since (ORD-3 replays, held duplicates)
+    rev: int = field(default_factory=next_rev)
+    summary: dict[str, Any] | None = None  # parsed by the dashboard when first shown
 
     @property
     def ok(self) -> bool:
         return self.status < 400
+
+    def count_replay(self) -> None:
+        self.replays += 1
+        self.rev = next_rev()
 
 
 @dataclass
@@ -62,6 +82,20 @@ class Held:
     digest: bytes
     thunk: Thunk
     future: asyncio.Future[Operation]
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class HoldEnded:
+    """A held request that never executed: it waited ``held_ms`` and was answered 409
+    ``outcome`` (``seq_gap``, ``run_cancelled``, ``run_not_active``). Not an operation (it
+    consumed no seq); kept for the dashboard, ``EVENTS_KEPT`` per run."""
+
+    seq: int
+    primitive: str
+    outcome: str
+    held_ms: float
+    rev: int = field(default_factory=next_rev)
 
 
 @dataclass
@@ -127,6 +161,7 @@ class Run:
     ops: dict[int, Operation] = field(default_factory=dict)
     held: dict[int, Held] = field(default_factory=dict)
     cancel_at: float | None = None
+    events: deque[HoldEnded] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
 
     def accumulate(self, grads: dict[str, np.ndarray]) -> None:
         """GRAD-1: forward_backward adds to the buffer; optim_step empties it."""
