@@ -20,8 +20,9 @@ from mock_server.testing.violations import VIOLATIONS
 
 EXPECTED: dict[str, set[str]] = {
     "replay_reexecutes": {"ORD-3"},
-    # LIFE-6, LIFE-7 and ORD-3's held-duplicate clause need held requests: they report
-    # "inconclusive, see ORD-2" (warn) instead of failing a second time.
+    # LIFE-6, LIFE-7 and ORD-3's held-duplicate clause need held requests: they warn "not
+    # exercised: the server did not hold ... but answered ... (see ORD-2)" instead of failing
+    # a second time.
     "no_ordering_holds": {"ORD-2"},
     "sample_wrong_version": {"VER-2"},
     "snapshot_aliases_training": {"VER-2"},
