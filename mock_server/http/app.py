@@ -18,6 +18,7 @@ from ..backend.config import DEFAULT_API_KEY, Features, Limits
 from ..backend.errors import WhitneyError
 from ..backend.state import Backend
 from .control import control_routes, install_faults
+from .dashboard import dashboard_routes
 from .endpoints import BodyReader, http_error, read_json, whitney_error
 from .logs import RequestLogMiddleware
 from .responses import EnvelopeMiddleware
@@ -70,7 +71,7 @@ def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
                               closed_retention=closed_retention, **clock_option)
     routes = starlette_routes()
     if control_plane:
-        routes += control_routes()
+        routes += control_routes() + dashboard_routes()  # /_mock/ui: the live dashboard
     app = Starlette(routes=routes,
                     exception_handlers={WhitneyError: whitney_error, HTTPException: http_error})
     app.state.backend = backend
