@@ -115,7 +115,7 @@
       let run = model.runs.get(info.run_id);
       if (!run || run.info.created_at !== info.created_at) { // new, or re-created after a reset
         run = { ops: new Map(), ended: new Map(), points: new Map(), uses: new Map(),
-                omitted: 0 };
+                versions: new Map(), omitted: 0 };
         model.runs.set(info.run_id, run);
       }
       run.info = info;
@@ -124,6 +124,17 @@
       for (const hold of info.ended_holds) run.ended.set(hold.rev, hold);
       for (const point of info.points) run.points.set(point.seq, point);
       for (const use of info.uses) run.uses.set(use.seq, use);
+      // versions: as listed now, plus those seen before (a closed session frees its weights,
+      // the page remembers the step each was taken at) and those only known from their save
+      const live = new Set(info.versions.map((v) => v.version));
+      for (const v of info.versions) run.versions.set(v.version, { ...v, freed: false });
+      for (const op of info.ops) {
+        if (op.primitive === "save_weights_for_sampler" && op.status === "completed" &&
+            !run.versions.has(op.version)) {
+          run.versions.set(op.version, { version: op.version, step: op.step, created_at: null });
+        }
+      }
+      for (const [n, v] of run.versions) v.freed = !live.has(n);
       if (run.ops.size > KEEP_OPS) {
         const seqs = [...run.ops.keys()].sort((a, b) => a - b);
         for (const seq of seqs.slice(0, seqs.length - KEEP_OPS)) run.ops.delete(seq);
@@ -339,6 +350,9 @@
     const box = detail.querySelector(".timeline-box");
     const atBottom = !box || box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
     const oldScroll = box ? box.scrollTop : 0;
+    const vbox = detail.querySelector(".versions-box");
+    const versionsAtBottom = !vbox || vbox.scrollTop + vbox.clientHeight >= vbox.scrollHeight - 8;
+    const versionsScroll = vbox ? vbox.scrollTop : 0;
     const sameRun = detail.dataset.runId === id;
 
     const points = [...run.points.values()].sort((a, b) => a.seq - b.seq);
@@ -348,18 +362,20 @@
       if (!usesByVersion.has(use.version)) usesByVersion.set(use.version, []);
       usesByVersion.get(use.version).push(use);
     }
-    const versionNumbers = new Set([...info.versions.map((v) => v.version), ...usesByVersion.keys()]);
+    const versionNumbers = new Set([...run.versions.keys(), ...usesByVersion.keys()]);
     const versionRows = [...versionNumbers].sort((a, b) => a - b).map((n) => {
-      const v = info.versions.find((x) => x.version === n);
+      const v = run.versions.get(n);
+      const saved = v && v.created_at ? `<span title="${esc(v.created_at)}">${esc(v.created_at.slice(11, 19))}</span>` : "";
+      const freed = !v || v.freed ? ' <span class="hint">freed</span>' : "";
       const uses = (usesByVersion.get(n) || []).sort((a, b) => a.seq - b.seq)
         .map((u) => `<span class="chip" title="${esc(u.primitive)}">${u.primitive === "sample" ? "sample" : "logprobs"} #${u.seq}</span>`).join(" ");
       return `<tr class="version" data-version="${n}"><td class="num">${n}</td>
-        <td class="num">${v ? v.step : "–"}</td><td>${v ? esc(v.created_at.replace("T", " ").replace(/\.\d+Z$/, "Z")) : "freed"}</td>
+        <td class="num">${v ? v.step : "–"}</td><td>${saved}${freed}</td>
         <td>${uses || '<span class="empty">none yet</span>'}</td></tr>`;
     }).join("");
 
     const samples = [...run.ops.values()].filter((op) => op.primitive === "sample" && op.previews)
-      .sort((a, b) => b.seq - a.seq).slice(0, 4).map((op) => {
+      .sort((a, b) => b.seq - a.seq).slice(0, 3).map((op) => {
         const items = op.previews.map((p) => {
           const content = p.text !== undefined ? esc(p.text) : esc(p.ids.join(" "));
           const more = p.truncated ? ` <span class="more">… ${p.tokens} tokens</span>` : "";
@@ -395,14 +411,16 @@
         </div>
         <div class="col-side">
           <h3>Versions <span class="hint">saved for the sampler, and who used them</span></h3>
-          <table id="versions"><thead><tr><th>version</th><th>step</th><th>saved</th><th>used by</th></tr></thead>
-            <tbody>${versionRows || '<tr><td colspan="4" class="empty">none saved</td></tr>'}</tbody></table>
+          <div class="versions-box"><table id="versions"><thead><tr><th>version</th><th>step</th><th>saved (UTC)</th><th>used by</th></tr></thead>
+            <tbody>${versionRows || '<tr><td colspan="4" class="empty">none saved</td></tr>'}</tbody></table></div>
           <h3>Samples <span class="hint">${info.byte_model ? "decoded bytes" : "token ids"}</span></h3>
           <div id="samples">${samples || '<p class="empty">no sample yet</p>'}</div>
         </div>
       </div>`;
     const newBox = detail.querySelector(".timeline-box");
     newBox.scrollTop = sameRun && !atBottom ? oldScroll : newBox.scrollHeight;
+    const versionsBox = detail.querySelector(".versions-box");
+    versionsBox.scrollTop = sameRun && !versionsAtBottom ? versionsScroll : versionsBox.scrollHeight;
   }
 
   // TTL countdowns and live hold times between polls
