@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     masked = ", ".join(k[:4] + "…" if len(k) > 8 else k[:1] + "…" for k in keys)
     print(f"whitney mock serving http://{args.host}:{args.port}{API_PREFIX}  keys: {masked}",
           flush=True)
+    if args.control_plane:
+        print(f"dashboard: http://{args.host}:{args.port}/_mock/ui  (open it in a browser, "
+              f"enter one of the keys)", flush=True)
     # Our request log (logs.py) replaces uvicorn's access log: one structured line per request.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
