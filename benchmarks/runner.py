@@ -18,10 +18,10 @@ from typing import Any
 
 from .core import Config, Row
 
-GROUPS = ("1", "2", "3", "4", "5", "6", "7", "8", "9")
+GROUPS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")
 GROUP_NAMES = {"1": "1 request overhead", "2": "2 body handling", "3": "3 compute",
                "4": "4 sampling", "5": "5 held requests", "6": "6 concurrency",
-               "7": "7 memory", "8": "8 suites", "9": "9 vocabulary"}
+               "7": "7 memory", "8": "8 suites", "9": "9 vocabulary", "10": "10 dashboard"}
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -50,7 +50,8 @@ def run(cfg: Config, *, groups: Iterable[str] = GROUPS, skip_suites: bool = Fals
         suite_env: dict[str, str] | None = None,
         progress: Callable[[str], None] = lambda _: None) -> tuple[list[Row], dict[str, Any]]:
     """Run the selected groups; return the rows and run metadata."""
-    from . import body, compute, concurrency, held, memory, overhead, sampling, suites, vocab
+    from . import (body, compute, concurrency, dashboard, held, memory, overhead, sampling,
+                   suites, vocab)
     from .fixtures import uvicorn_server
 
     selected = set(groups) - ({"8"} if skip_suites else set())
@@ -62,7 +63,7 @@ def run(cfg: Config, *, groups: Iterable[str] = GROUPS, skip_suites: bool = Fals
     if "1" in selected:
         _collect("1", lambda: overhead.rows(cfg, None), rows, progress)
     for group, module in (("2", body), ("3", compute), ("4", sampling), ("5", held),
-                          ("9", vocab)):
+                          ("9", vocab), ("10", dashboard)):
         if group in selected:
             _collect(group, functools.partial(module.rows, cfg), rows, progress)
     if selected & {"1", "6"}:

@@ -48,7 +48,7 @@ class Ordering:
                 raise Conflict(f"seq {seq} was already used with a different body",
                                type="seq_conflict", details={"seq": seq})
             self._on_replay(run, prepare)
-            recorded.count_replay()
+            run.note_replay(recorded)
             return Outcome(recorded.status, recorded.payload, replayed=True)
         if run.state != "active":  # LIFE-8 (run_cancelled is for requests already held)
             raise Conflict(f"run is {run.state}", type="run_not_active")
@@ -61,7 +61,7 @@ class Ordering:
                 raise Conflict(f"seq {seq} is already waiting with a different body",
                                type="seq_conflict", details={"seq": seq})
             duplicate = await asyncio.shield(held.future)
-            duplicate.count_replay()
+            run.note_replay(duplicate)
             return self._outcome(duplicate, replayed=True)
         future: asyncio.Future[Operation] = asyncio.get_running_loop().create_future()
         run.held[seq] = entry = Held(primitive, digest, thunk, future)

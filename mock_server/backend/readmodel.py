@@ -76,7 +76,7 @@ def _session(session: Session) -> dict[str, Any]:
 
 def _run(run: Run, since: int, now_mono: float) -> dict[str, Any]:
     byte_model = run.base.spec.architecture == BYTE_ARCHITECTURE
-    changed = [op for op in run.ops.values() if op.rev > since]
+    changed = _changed(run, since)
     shown = changed[-OPS_PER_RUN:]
     points, uses = [], []
     for op in changed:
@@ -101,6 +101,29 @@ def _run(run: Run, since: int, now_mono: float) -> dict[str, Any]:
         "points": points,
         "uses": uses,
     }
+
+
+def _changed(run: Run, since: int) -> list[Operation]:
+    """The run's operations recorded or replayed after ``since``, in seq order.
+
+    Operations are recorded in seq order, each with a fresh revision, so the new ones are the
+    newest few: read backwards until one is older than ``since``. A replay gives an older
+    record a fresh revision too; the run's last replays (``Run.replayed``) catch those. An
+    idle run therefore costs O(1) a poll, whatever its length.
+    """
+    if since == 0:  # a page's first poll: everything (the curves need every step)
+        return list(run.ops.values())
+    changed: list[Operation] = []
+    for op in reversed(run.ops.values()):
+        if op.rev <= since:
+            break
+        changed.append(op)
+    oldest_new = changed[-1].seq if changed else run.next_seq
+    replayed = {op.seq: op for op in run.replayed if op.rev > since and op.seq < oldest_new}
+    changed.reverse()
+    if replayed:
+        changed = sorted([*replayed.values(), *changed], key=lambda op: op.seq)
+    return changed
 
 
 def _op_view(run: Run, op: Operation, byte_model: bool) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Everything the backend stores: sessions, runs, the record of their operations, sampler
 versions, checkpoints and exports.
 
-Plain dataclasses, no behaviour beyond GRAD-1's gradient accumulation; the ``Backend``
-(:mod:`.state`) and the ordering (:mod:`.ordering`) own every transition.
+Plain dataclasses, no behaviour beyond GRAD-1's gradient accumulation and counting a replay
+(ORD-3); the ``Backend`` (:mod:`.state`) and the ordering (:mod:`.ordering`) own every
+transition.
 """
 
 from __future__ import annotations
@@ -59,10 +60,6 @@ class Operation:
     @property
     def ok(self) -> bool:
         return self.status < 400
-
-    def count_replay(self) -> None:
-        self.replays += 1
-        self.rev = next_rev()
 
 
 @dataclass
@@ -162,6 +159,13 @@ class Run:
     held: dict[int, Held] = field(default_factory=dict)
     cancel_at: float | None = None
     events: deque[HoldEnded] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    replayed: deque[Operation] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+
+    def note_replay(self, operation: Operation) -> None:
+        """ORD-3: ``operation`` answered again; counted, and remembered for the dashboard."""
+        operation.replays += 1
+        operation.rev = next_rev()
+        self.replayed.append(operation)
 
     def accumulate(self, grads: dict[str, np.ndarray]) -> None:
         """GRAD-1: forward_backward adds to the buffer; optim_step empties it."""

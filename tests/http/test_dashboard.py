@@ -191,8 +191,13 @@ def test_since_returns_only_what_changed(ui_mock: Any) -> None:
     assert run_of(again, handle.run_id)["ops"] == []  # sessions and runs still come whole
     handle.save(1)
     handle.post("save_weights_for_sampler", {"version": 0}, seq=1)  # replay: seq 1 changed
-    later = run_of(state(client, since=again["cursor"]), handle.run_id)
+    answer = state(client, since=again["cursor"])
+    later = run_of(answer, handle.run_id)
     assert [(op["seq"], op["replays"]) for op in later["ops"]] == [(1, 1), (2, 0)]
+    handle.post("save_weights_for_sampler", {"version": 1}, seq=2)  # replays only
+    handle.post("save_weights_for_sampler", {"version": 0}, seq=1)
+    replays = run_of(state(client, since=answer["cursor"]), handle.run_id)
+    assert [(op["seq"], op["replays"]) for op in replays["ops"]] == [(1, 2), (2, 1)]
 
 
 def test_held_requests_show_while_held_then_how_long_they_waited(ui_mock: Any) -> None:
@@ -267,3 +272,38 @@ def test_the_read_model_knows_no_starlette() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_the_mock_command_prints_the_dashboard_url() -> None:
+    """``python -m mock_server --control-plane`` names the page; the page is there."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "mock_server", "--control-plane",
+                               "--port", str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        assert server.stdout is not None
+        lines: list[str] = []
+        while not any("/_mock/ui" in line for line in lines):
+            line = server.stdout.readline()
+            assert line, f"the mock stopped without naming the dashboard: {lines}"
+            lines.append(line)
+        (url,) = re.findall(r"http://\S+/_mock/ui", lines[-1])
+        assert url == f"http://127.0.0.1:{port}/_mock/ui"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                page = httpx.get(url, timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the dashboard never answered"
+                time.sleep(0.1)
+        assert page.status_code == 200 and "dashboard.js" in page.text
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        if server.stdout is not None:
+            server.stdout.close()
