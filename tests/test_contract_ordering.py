@@ -175,15 +175,25 @@ def test_ord_3_json_equal_body_replays_regardless_of_key_order_and_whitespace(mo
     assert run.view()["step"] == 1
 
 
-def test_ord_3_integer_and_float_differ_seq_conflict(mock, run):
+def test_ord_3_numbers_compare_by_value_contract_1_1(mock, run):
+    """Contract 1.1: a retry re-serialised by another library (0 as 0.0, 1e-3 as 0.001, keys in
+    another order) is the same JSON value: replayed, no second effect. A different value is
+    still 409 seq_conflict."""
     run.ok("forward_backward", FB)
-    as_int = {**ADAMW, "weight_decay": 0}
+    as_int = {**ADAMW, "weight_decay": 0, "learning_rate": 1e-3}
     raw = json.dumps({"seq": 2, "adamw": as_int}).encode()
     assert b'"weight_decay": 0,' in raw or b'"weight_decay": 0}' in raw
-    assert run.client.post(run.url("optim_step"), content=raw).status_code == 200
+    first = run.client.post(run.url("optim_step"), content=raw)
+    assert first.status_code == 200
     before = state_snapshot(mock.backend, run.run_id)
-    as_float = json.dumps({"seq": 2, "adamw": {**ADAMW, "weight_decay": 0.0}}).encode()
-    expect_error(run.client.post(run.url("optim_step"), content=as_float), 409, "seq_conflict")
+    as_float = json.dumps({"adamw": dict(reversed({**as_int, "weight_decay": 0.0}.items())),
+                           "seq": 2.0}).replace("0.001", "1.0e-3").encode()
+    assert b"1.0e-3" in as_float and b'"weight_decay": 0.0' in as_float
+    replay = run.client.post(run.url("optim_step"), content=as_float)
+    assert replay.status_code == 200 and replay.headers.get("whitney-replayed") == "true"
+    assert replay.content == first.content
+    other = json.dumps({"seq": 2, "adamw": {**as_int, "weight_decay": 1e-12}}).encode()
+    expect_error(run.client.post(run.url("optim_step"), content=other), 409, "seq_conflict")
     assert_same_state(before, state_snapshot(mock.backend, run.run_id))
 
 

@@ -95,8 +95,8 @@ def err2_malformed(ctx: Ctx) -> None:
     run.prim("forward", raw=text, expect=(400, "malformed_json"))
 
 
-@check("ERR-2", "validation-422", title="wrong types (seq not a JSON integer), numbers not "
-       "finite after parsing (1e999) and out-of-range values get 422")
+@check("ERR-2", "validation-422", title="wrong types (seq a string or a fraction), numbers "
+       "not finite after parsing (1e999) and out-of-range values get 422")
 def err2_validation(ctx: Ctx) -> None:
     run = ctx.run()
     run.forward([ce_datum(ctx.tokens("warm"))], backward=True)
@@ -106,7 +106,7 @@ def err2_validation(ctx: Ctx) -> None:
            b'"weight_decay": 0, "grad_clip_norm": 0}'
     raw_cases = [
         (b'{"seq": "%d", %s}' % (seq, adam % b"0.01"), "seq as a string"),
-        (b'{"seq": %d.0, %s}' % (seq, adam % b"0.01"), "seq 1.0 (not a JSON integer)"),
+        (b'{"seq": %d.5, %s}' % (seq, adam % b"0.01"), "seq with a fraction (N.5)"),
         (b'{"seq": true, %s}' % (adam % b"0.01"), "seq true"),
         (b'{%s}' % (adam % b"0.01"), "no seq"),
         (b'[]', "a JSON array body"),

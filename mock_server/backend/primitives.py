@@ -62,6 +62,13 @@ def _loss_rule(exc: losses.LossRequestError) -> ValidationFailed:
     return ValidationFailed(str(exc), type=error_type, details=details)
 
 
+def _token_values(arrays: list[np.ndarray], vocab_size: int) -> bool:
+    """Whether every value is an integral token id in ``[0, vocab_size)``."""
+    values = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+    return len(values) > 0 and bool(np.array_equal(values, np.round(values)) and values.min() >= 0
+                and values.max() < vocab_size)
+
+
 def prepare_forward(backend: Backend, run: Run, body: schemas.Forward, *,
                     backward: bool) -> Thunk:
     """``forward`` / ``forward_backward``: loss, per-position logprobs, gradient (GRAD-1)."""
@@ -78,33 +85,31 @@ def prepare_forward(backend: Backend, run: Run, body: schemas.Forward, *,
         config = losses.resolve_loss_config(body.loss_function, body.loss_config)
     except losses.LossRequestError as exc:
         raise _loss_rule(exc) from None
-    token_ids: list[np.ndarray] = []
-    loss_inputs: list[dict[str, np.ndarray]] = []
-    for i, datum in enumerate(body.data):
-        ids = datum.model_input.token_ids
+    # Arrays from the body's decoding pass (schemas.decode), else built here once.
+    token_ids, loss_inputs = schemas.forward_arrays(body)
+    # Every datum's limits, token ids and targets checked at once; only a body that breaks
+    # one is walked datum by datum, so the first problem is the one reported.
+    targets = [inputs.get("target_tokens") for inputs in loss_inputs]
+    clean = max(len(ids) for ids in token_ids) <= spec.max_context \
+        and int(np.concatenate(token_ids).max()) < spec.vocab_size \
+        and all(t is not None for t in targets) \
+        and _token_values([t for t in targets if t is not None], spec.vocab_size)
+    for i, (ids_T, arrays) in enumerate(zip(token_ids, loss_inputs)):
         where = f"data[{i}]"
-        if len(ids) > spec.max_context:
-            raise _limit(f"{where} has {len(ids)} tokens, over max_context {spec.max_context}",
-                         limit="max_context")
-        # The request model has checked every id is an int in [0, 2**63): fromiter is exact and
-        # ~2x faster than asarray on a list; the upper bound is then one numpy max.
-        ids_T = np.fromiter(ids, dtype=np.int64, count=len(ids))
-        if ids_T.max() >= spec.vocab_size:
-            _check_tokens(ids, spec.vocab_size, f"{where}.model_input.token_ids")
+        if not clean:
+            if len(ids_T) > spec.max_context:
+                raise _limit(f"{where} has {len(ids_T)} tokens, over max_context "
+                             f"{spec.max_context}", limit="max_context")
+            if ids_T.max() >= spec.vocab_size:
+                _check_tokens(ids_T.tolist(), spec.vocab_size, f"{where}.model_input.token_ids")
         try:
-            losses.check_inputs(body.loss_function, datum.loss_inputs, len(ids), where)
+            losses.check_inputs(body.loss_function, arrays, len(ids_T), where)
         except losses.LossRequestError as exc:
             raise _loss_rule(exc) from None
-        arrays = {name: np.fromiter(values, dtype=np.float64, count=len(values))
-                  for name, values in datum.loss_inputs.items()}
-        targets = arrays["target_tokens"]
-        if not np.array_equal(targets, np.round(targets)) or targets.min() < 0 \
-                or targets.max() >= spec.vocab_size:
+        if not clean and not _token_values([arrays["target_tokens"]], spec.vocab_size):
             raise ValidationFailed(f"{where}.loss_inputs.target_tokens must be token ids in "
                                    f"[0, {spec.vocab_size})",
                                    details={"loc": f"{where}.loss_inputs.target_tokens"})
-        token_ids.append(ids_T)
-        loss_inputs.append(arrays)
 
     def run_forward() -> dict[str, Any]:
         try:

@@ -1,26 +1,62 @@
-"""Request bodies of the contract as strict pydantic v2 models, and JSON parsing.
+"""Request bodies of the contract: strict pydantic v2 models, JSON parsing, and ORD-3's digest.
 
-Every model forbids unknown fields (ERR-4) and is strict: ``seq`` must be a JSON integer, a
-float field accepts integers, booleans are never numbers, and non-finite numbers are refused
-(ERR-2). ``tests/test_schema_drift.py`` proves these models and ``openapi.yaml`` agree.
+Every model forbids unknown fields (ERR-4) and is strict: a float field accepts integers,
+booleans are never numbers, strings are never numbers, and non-finite numbers are refused
+(ERR-2). An integer field accepts any JSON number whose value is an integer (contract 1.1, as
+JSON Schema counts integers: ``565``, ``565.0`` and ``5.65e2`` alike); ``1.5`` stays 422.
+``tests/test_schema_drift.py`` proves these models and ``openapi.yaml`` agree.
+
+Two paths read a body, with one result (:func:`decode`):
+
+- the exact path, for every body: :func:`parse_json` (orjson; 400 ``malformed_json``),
+  :func:`validate` (pydantic; 422) and :func:`canonical_digest` (ORD-3, the JSON value).
+- the one-pass path, for ``forward`` / ``forward_backward`` bodies (the large ones): simdjson
+  parses the document natively and every array goes straight into numpy, checked, hashed and
+  handed to the model without a Python object per number. It never decides an error: any body
+  it does not accept whole (an error of any kind, or a case it leaves to the exact path, such
+  as ``3.0`` among token ids or a number beyond 2**53 in a float field) is read again by the
+  exact path, which gives every message.
+
+``tests/backend/test_decode.py`` checks that both paths agree on every body it generates.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
+import typing
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import simdjson
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 
 from .errors import MalformedJSON, ValidationFailed
 
-INT64_MAX = 2**63 - 1
+__all__ = ["INT64_MAX", "Body", "Decoded", "canonical_digest", "decode", "field_path",
+           "forward_arrays", "parse_json", "validate"]
 
-Seq = Annotated[int, Field(ge=1, le=INT64_MAX)]
-VersionNumber = Annotated[int, Field(ge=0, le=INT64_MAX)]
-TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+INT64_MAX = 2**63 - 1
+_EXACT = float(2**53)  # a double above this may stand for an integer literal it rounded
+
+
+def _integral(value: Any) -> Any:
+    """Contract 1.1: a number whose value is an integer is that integer (``3.0`` -> ``3``)."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+#: Marks an integer field: any JSON number with an integral value (bools, strings and
+#: fractions are still refused by the strict ``int`` it precedes).
+INTEGRAL = BeforeValidator(_integral)
+Integer = Annotated[int, INTEGRAL]
+Seq = Annotated[int, Field(ge=1, le=INT64_MAX), INTEGRAL]
+VersionNumber = Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
+Seed = Annotated[int, Field(ge=0, le=INT64_MAX), INTEGRAL]
 
 
 class Body(BaseModel):
@@ -34,14 +70,14 @@ class Empty(Body):
 
 
 class CreateSession(Body):
-    ttl_seconds: Annotated[int, Field(ge=1)] | None = None
+    ttl_seconds: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     metadata: dict[str, str] | None = None
 
 
 class LoraConfig(Body):
-    rank: Annotated[int, Field(ge=1)]
+    rank: Annotated[int, Field(ge=1), INTEGRAL]
     alpha: Annotated[float, Field(gt=0)]
-    seed: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    seed: Seed | None = None
 
 
 class CreateRun(Body):
@@ -66,6 +102,8 @@ class Forward(Body):
     loss_function: str
     loss_config: dict[str, float]
     data: Annotated[list[Datum], Field(min_length=1)]
+    # (token_ids, loss_inputs) per datum as numpy arrays, when decode() has built them.
+    _arrays: Any = PrivateAttr(default=None)
 
 
 class AdamW(Body):
@@ -94,11 +132,11 @@ class Prompt(Body):
 
 
 class Sampling(Body):
-    max_tokens: Annotated[int, Field(ge=1)]
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL]
     temperature: Annotated[float, Field(gt=0, le=100)]
-    top_k: Annotated[int, Field(ge=0)]
+    top_k: Annotated[int, Field(ge=0), INTEGRAL]
     top_p: Annotated[float, Field(gt=0, le=1)]
-    seed: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    seed: Seed | None = None
     stop_token_ids: list[TokenId] | None = None
 
 
@@ -106,7 +144,7 @@ class Sample(Body):
     seq: Seq
     version: VersionNumber
     prompt: Prompt
-    num_samples: Annotated[int, Field(ge=1)]
+    num_samples: Annotated[int, Field(ge=1), INTEGRAL]
     sampling: Sampling
 
 
@@ -131,29 +169,78 @@ class ExportLora(Body):
     seq: Seq
 
 
+# -- the exact path -------------------------------------------------------------------------
+class _Constant(ValueError):
+    """A NaN / Infinity literal met by the standard library's parser."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise _Constant(name)
+
+
 def parse_json(raw: bytes) -> Any:
     """Parse a strict RFC 8259 document (ERR-2).
 
-    NaN/Infinity literals and invalid UTF-8 are 400 ``malformed_json``. A valid document whose
-    numbers overflow a double (``1e999``) parses to ``inf`` and then fails validation with 422.
+    NaN/Infinity literals (named in the message) and invalid UTF-8 are 400 ``malformed_json``.
+    A valid document whose numbers overflow a double (``1e999``) parses to ``inf`` and then
+    fails validation with 422.
     """
     if not raw.strip():
         return {}
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        orjson_error = str(exc)
-    if "number" not in orjson_error:  # only an overflowing number is valid JSON orjson refuses
-        raise MalformedJSON(f"request body is not valid JSON: {orjson_error}")
-    try:
-        text = raw.decode("utf-8")
-        return json.loads(text, parse_constant=_refuse_constant)
+        error = exc
+    try:  # the standard library reads what orjson refuses only for its size (1e999)
+        value = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except _Constant as constant:
+        raise MalformedJSON(
+            f"request body is not valid JSON: {constant} is not a JSON number (JSON has no "
+            f"NaN or Infinity; send a finite number) at line {error.lineno} column "
+            f"{error.colno}", details={"line": error.lineno, "column": error.colno}) from None
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise MalformedJSON(f"request body is not valid JSON: {orjson_error}") from None
+        value = error
+    if value is error or "number" not in str(error):  # e.g. a lone surrogate: not RFC 8259
+        raise MalformedJSON(f"request body is not valid JSON: {error}",
+                            details={"line": error.lineno, "column": error.colno})
+    return value
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
+def field_path(loc: Any) -> str:
+    """The one field-path style of messages and ``details.fields``: ``data[0].loss_inputs.mask``
+    (``body`` for the body itself)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
+
+#: pydantic's messages in JSON's words, without Python class names ("instance of Prompt").
+_MESSAGES = {
+    "model_type": "Input should be an object", "model_attributes_type": "Input should be an object",
+    "dict_type": "Input should be an object", "list_type": "Input should be an array",
+    "int_type": "Input should be an integer", "int_from_float": "Input should be an integer",
+    "int_parsing": "Input should be an integer", "float_type": "Input should be a number",
+    "float_parsing": "Input should be a number", "string_type": "Input should be a string",
+    "bool_type": "Input should be a boolean (true or false)", "missing": "Field required",
+    "finite_number": "Input should be a finite number",
+}
+
+
+def _message(error: Any) -> str:
+    kind = error["type"]
+    if kind in ("less_than_equal", "greater_than_equal", "less_than", "greater_than") \
+            and isinstance(error.get("ctx"), dict):
+        bound = error["ctx"].get({"less_than_equal": "le", "greater_than_equal": "ge",
+                                  "less_than": "lt", "greater_than": "gt"}[kind])
+        if bound == INT64_MAX:
+            return f"{error['msg']} (2**63 - 1: integers are at most 64-bit)"
+    if kind == "int_from_float":
+        return "Input should be an integer (a number with an integral value)"
+    return _MESSAGES.get(kind, error["msg"])
 
 
 def validate(model: type[Body], payload: Any) -> Any:
@@ -164,21 +251,282 @@ def validate(model: type[Body], payload: Any) -> Any:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False, include_input=False)
-        unknown = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+        errors = exc.errors(include_url=False, include_input=False)
+        unknown = [field_path(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
         if unknown:
             raise ValidationFailed(f"unknown field(s): {', '.join(unknown)}", type="unknown_field",
                                    details={"fields": unknown}) from None
-        listed = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in errors[:20]]
+        listed = [{"loc": list(e["loc"]), "msg": _message(e)} for e in errors[:20]]
         first = listed[0]
-        where = ".".join(map(str, first["loc"])) or "body"
-        raise ValidationFailed(f"{where}: {first['msg']}", details={"errors": listed}) from None
+        raise ValidationFailed(f"{field_path(first['loc'])}: {first['msg']}",
+                               details={"errors": listed}) from None
+
+
+# -- ORD-3: the digest of a JSON value (contract 1.1) ---------------------------------------
+# Two bodies are JSON-equal when their values are: object keys in any order, numbers by value
+# (1 == 1.0 == 1e0; -0 == 0), null distinct from an absent key. The digest hashes a canonical
+# stream: objects with sorted keys, integral numbers as exact integers, other numbers as IEEE
+# doubles, and an array of numbers as one typed block (int64 when every value is an integer
+# within 64 bits, else float64 when every value is exactly a double), so that the large arrays
+# of a forward body hash as memory, whichever path produced them.
+_LEN = struct.Struct("<Q")
+
+
+def _str_part(parts: list[Any], text: str) -> None:
+    data = text.encode("utf-8", "surrogatepass")
+    parts += (b"s", _LEN.pack(len(data)), data)
+
+
+def _number_part(value: int | float) -> bytes:
+    if type(value) is int:
+        return b"I%d;" % value
+    if float(value).is_integer():
+        return b"I%d;" % int(value)
+    return b"F" + struct.pack("<d", value)
+
+
+def _block(parts: list[Any], tag: bytes, array: np.ndarray) -> None:
+    parts += (tag, _LEN.pack(len(array)), np.ascontiguousarray(array))
+
+
+def _float_block(parts: list[Any], values: np.ndarray) -> None:
+    """A float64 array (every value a double the JSON text meant exactly) as its block."""
+    values = values + 0.0  # -0.0 is 0
+    integral = np.trunc(values) == values
+    if integral.all() and (len(values) == 0 or np.abs(values).max() < 2.0**63):
+        _block(parts, b"A", values.astype(np.int64))
+    else:
+        _block(parts, b"D", values)
+
+
+def _numbers_block(parts: list[Any], values: list[Any]) -> bool:
+    """An array of JSON numbers (exact Python values) as its block; False if not all numbers."""
+    if not all(type(v) is int or type(v) is float for v in values):
+        return False
+    if all(type(v) is int or v.is_integer() for v in values):
+        ints = [v if type(v) is int else int(v) for v in values]
+        if all(-(2**63) <= v <= INT64_MAX for v in ints):
+            _block(parts, b"A", np.array(ints, dtype=np.int64))
+            return True
+    try:
+        if all(type(v) is float or float(v) == v for v in values):
+            _block(parts, b"D", np.array(values, dtype=np.float64) + 0.0)
+            return True
+    except OverflowError:
+        pass
+    return False
+
+
+def _value_parts(parts: list[Any], value: Any) -> None:
+    """The canonical stream of a parsed JSON value (the exact path)."""
+    kind = type(value)
+    if kind is dict:
+        parts.append(b"{")
+        for key in sorted(value):
+            _str_part(parts, key)
+            _value_parts(parts, value[key])
+        parts.append(b"}")
+    elif kind is list:
+        if not value:
+            parts += (b"A", _LEN.pack(0))
+        elif not _numbers_block(parts, value):
+            parts.append(b"[")
+            for item in value:
+                _value_parts(parts, item)
+            parts.append(b"]")
+    elif kind is str:
+        _str_part(parts, value)
+    elif value is None:
+        parts.append(b"n")
+    elif kind is bool:
+        parts.append(b"t" if value else b"f")
+    elif kind is int or kind is float:
+        parts.append(_number_part(value))
+    else:
+        raise TypeError(f"not a JSON value: {kind.__name__}")
+
+
+def _digest(parts: list[Any]) -> bytes:
+    """SHA-256 of the stream; runs of small parts are joined first (fewer update calls)."""
+    h = hashlib.sha256()
+    small: list[bytes] = []
+    for part in parts:
+        if type(part) is bytes:
+            small.append(part)
+        else:
+            if small:
+                h.update(b"".join(small))
+                small.clear()
+            h.update(part)
+    if small:
+        h.update(b"".join(small))
+    return h.digest()
 
 
 def canonical_digest(payload: Any) -> bytes:
-    """Digest of a parsed body for ORD-3: key order and whitespace ignored, 1 and 1.0 differ."""
+    """Digest of a parsed body for ORD-3 (contract 1.1): JSON values compared as values."""
+    parts: list[Any] = []
+    _value_parts(parts, payload)
+    return _digest(parts)
+
+
+# -- the one-pass path for forward bodies -----------------------------------------------------
+class _Fallback(Exception):
+    """The fast path leaves this body to the exact path."""
+
+
+_ARRAY: Any = simdjson.Array
+_OBJECT: Any = simdjson.Object
+_FORWARD_KEYS = frozenset(("seq", "loss_function", "loss_config", "data"))
+_DATUM_KEYS = frozenset(("model_input", "loss_inputs"))
+_BOM = b"\xef\xbb\xbf"
+
+
+def _object(value: Any, keys: frozenset[str] | None = None) -> list[str]:
+    """The keys of a parsed object: all distinct (a repeated key goes to the exact path, where
+    the last one wins) and, with ``keys``, exactly those."""
+    if type(value) is not _OBJECT:
+        raise _Fallback
+    names = list(value.keys())
+    if len(set(names)) != len(names) or (keys is not None and set(names) != keys):
+        raise _Fallback
+    return names
+
+
+def _forward_fast(raw: bytes) -> Decoded:
+    """A ``forward`` body with simdjson: the document is parsed once, natively, and every
+    array goes straight into numpy (``as_buffer``) without a Python object per number; the
+    model's rules are checked on the arrays, the digest hashes them. Raises ``_Fallback`` for
+    anything it does not accept whole."""
+    if raw.startswith(_BOM):
+        raise _Fallback  # simdjson skips a BOM, RFC 8259 parsers refuse it
     try:
-        canonical = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONEncodeError:  # integers beyond 64 bits: rare, and exact in the stdlib
-        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(canonical).digest()
+        doc: Any = simdjson.Parser().parse(raw)
+        _object(doc, _FORWARD_KEYS)
+        seq, loss_function = doc["seq"], doc["loss_function"]
+        if type(seq) is not int or not 1 <= seq <= INT64_MAX or type(loss_function) is not str:
+            raise _Fallback
+        config_doc = doc["loss_config"]
+        loss_config = {name: config_doc[name] for name in _object(config_doc)}
+        if not all(type(v) is int or type(v) is float for v in loss_config.values()):
+            raise _Fallback
+        data_doc = doc["data"]
+        if type(data_doc) is not _ARRAY or len(data_doc) == 0:
+            raise _Fallback
+        token_arrays: list[np.ndarray] = []
+        input_arrays: list[dict[str, np.ndarray]] = []
+        arrays = 1
+        for datum in data_doc:
+            _object(datum, _DATUM_KEYS)
+            model_input = datum["model_input"]
+            _object(model_input, _TOKEN_KEYS)
+            ids_doc = model_input["token_ids"]
+            if type(ids_doc) is not _ARRAY:
+                raise _Fallback
+            ids = np.frombuffer(ids_doc.as_buffer(of_type="i"), dtype=np.int64)
+            inputs_doc = datum["loss_inputs"]
+            inputs = {}
+            for name in _object(inputs_doc):  # the document's order, as the exact path
+                values_doc = inputs_doc[name]
+                if type(values_doc) is not _ARRAY:
+                    raise _Fallback
+                inputs[name] = np.frombuffer(values_doc.as_buffer(of_type="d"), dtype=np.float64)
+            arrays += 1 + len(inputs)
+            token_arrays.append(ids)
+            input_arrays.append(inputs)
+        del doc, config_doc, data_doc, datum, model_input, ids_doc, inputs_doc
+    except (ValueError, TypeError, RuntimeError, KeyError):
+        raise _Fallback from None
+    # as_buffer flattens nested arrays: every "[" of the text must be one of the arrays read
+    # (a bracket inside a string also sends the body to the exact path).
+    if raw.count(b"[") != arrays:
+        raise _Fallback
+    lengths = [len(ids) for ids in token_arrays]
+    if min(lengths) == 0:
+        raise _Fallback
+    ids_flat = np.concatenate(token_arrays)
+    if ids_flat.min() < 0:
+        raise _Fallback
+    flat_inputs = [values for inputs in input_arrays for values in inputs.values()]
+    if flat_inputs:
+        if min(len(values) for values in flat_inputs) == 0:
+            raise _Fallback
+        flat = np.concatenate(flat_inputs)
+        if np.abs(flat).max() >= _EXACT:  # may stand for an integer literal it rounded
+            raise _Fallback
+    parts: list[Any] = [b"{"]
+    _str_part(parts, "data")
+    parts.append(b"[")
+    for ids, inputs in zip(token_arrays, input_arrays):
+        parts.append(b"{")
+        _str_part(parts, "loss_inputs")
+        parts.append(b"{")
+        for name in sorted(inputs):
+            _str_part(parts, name)
+            _float_block(parts, inputs[name])
+        parts.append(b"}")
+        _str_part(parts, "model_input")
+        parts.append(b"{")
+        _str_part(parts, "token_ids")
+        _block(parts, b"A", ids)
+        parts += (b"}", b"}")
+    parts.append(b"]")
+    _str_part(parts, "loss_config")
+    _value_parts(parts, loss_config)
+    _str_part(parts, "loss_function")
+    _str_part(parts, loss_function)
+    _str_part(parts, "seq")
+    parts += (_number_part(seq), b"}")
+    data = [_construct(Datum, model_input=_construct(ModelInput, token_ids=ids),
+                       loss_inputs=inputs)
+            for ids, inputs in zip(token_arrays, input_arrays)]
+    body = _construct(Forward, seq=seq, loss_function=loss_function, loss_config=loss_config,
+                      data=data)
+    body._arrays = (token_arrays, input_arrays)
+    return Decoded(body, _digest(parts))
+
+
+_TOKEN_KEYS = frozenset(("token_ids",))
+
+
+def _construct(model: type[Body], **values: Any) -> Any:
+    return model.model_construct(_fields_set=set(values), **values)
+
+
+class Decoded(typing.NamedTuple):
+    """A request body read once: the validated model and its ORD-3 digest."""
+
+    body: Any
+    digest: bytes
+
+
+def decode(raw: bytes, model: type[Body]) -> Decoded:
+    """Read a request body: the model (ERR-2 / ERR-4 exactly as :func:`parse_json` and
+    :func:`validate` give them) and its ORD-3 digest (:func:`canonical_digest`).
+
+    A ``forward`` body goes through :func:`_forward_fast` first: one native parse, arrays
+    without Python numbers. Its ``token_ids`` and loss inputs are then read-only numpy arrays
+    (int64, float64) holding the values the model describes; :func:`forward_arrays` hands them
+    to the primitive. Any body it does not accept whole is read by the exact path, which
+    decides every error and its message.
+    """
+    if model is Forward:
+        try:
+            return _forward_fast(raw)
+        except _Fallback:
+            pass
+    payload = parse_json(raw)
+    return Decoded(validate(model, payload), canonical_digest(payload))
+
+
+def forward_arrays(body: Forward) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]]]:
+    """Per datum: ``token_ids`` as int64 and every loss input as float64 arrays, from the
+    decoding pass when there was one."""
+    arrays: Any = body._arrays
+    if arrays is not None:
+        return arrays  # type: ignore[no-any-return,unused-ignore]
+    token_ids = [np.array(d.model_input.token_ids, dtype=np.int64) for d in body.data]
+    inputs = [{name: np.array(values, dtype=np.float64) for name, values in d.loss_inputs.items()}
+              for d in body.data]
+    return token_ids, inputs
+

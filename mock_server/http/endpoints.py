@@ -77,11 +77,14 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def _body(request: Request, model: type[schemas.Body]) -> tuple[Any, Any]:
-    """The validated body and the JSON payload it came from."""
+async def _body(request: Request, model: type[schemas.Body]) -> tuple[Any, bytes]:
+    """The validated body and its ORD-3 digest (the JSON value, contract 1.1)."""
     read: BodyReader = request.app.state.body_reader
-    payload = read(await read_body(request), model)
-    return schemas.validate(model, payload), payload
+    raw = await read_body(request)
+    if read is read_json:  # the faithful reader: one pass where it can (schemas.decode)
+        return schemas.decode(raw, model)
+    payload = read(raw, model)
+    return schemas.validate(model, payload), schemas.canonical_digest(payload)
 
 
 # -- discovery and lifecycle ----------------------------------------------------------------
@@ -167,9 +170,9 @@ def primitive_endpoint(primitive: str) -> Callable[[Request], Awaitable[Response
         run_id = request.path_params["run_id"]
         backend = _backend(request)
         backend.owned_run(key, run_id)  # 404 before the body is read
-        body, payload = await _body(request, model)
+        body, digest = await _body(request, model)
         outcome = await backend.submit(key=key, run_id=run_id, primitive=primitive, body=body,
-                                       digest=schemas.canonical_digest(payload))
+                                       digest=digest)
         headers = {"Whitney-Replayed": "true"} if outcome.replayed else None
         return json_response(outcome.payload, outcome.status, headers)
 
