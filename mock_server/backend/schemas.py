@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import threading
 import typing
 from typing import Annotated, Any, Literal
 
@@ -299,18 +300,36 @@ def _float_block(parts: list[Any], values: np.ndarray) -> None:
         _block(parts, b"D", values)
 
 
+_NUMBER_TYPES = frozenset((int, float))
+
+
 def _numbers_block(parts: list[Any], values: list[Any]) -> bool:
-    """An array of JSON numbers (exact Python values) as its block; False if not all numbers."""
-    if not all(type(v) is int or type(v) is float for v in values):
+    """An array of JSON numbers (exact Python values) as its block; False if not all numbers.
+    ``struct`` writes the same little-endian int64 / float64 bytes numpy does."""
+    kinds = set(map(type, values))
+    if not kinds <= _NUMBER_TYPES:
         return False
-    if all(type(v) is int or v.is_integer() for v in values):
-        ints = [v if type(v) is int else int(v) for v in values]
-        if all(-(2**63) <= v <= INT64_MAX for v in ints):
-            _block(parts, b"A", np.array(ints, dtype=np.int64))
-            return True
+    count = len(values)
+    if float in kinds:
+        if all(type(v) is int or v.is_integer() for v in values):
+            values = [v if type(v) is int else int(v) for v in values]
+        else:
+            try:
+                if int in kinds and any(float(v) != v for v in values if type(v) is int):
+                    return False  # an integer no double holds exactly
+                parts += (b"D", _LEN.pack(count), struct.pack(f"<{count}d",
+                                                               *[v + 0.0 for v in values]))
+                return True
+            except OverflowError:
+                return False
     try:
-        if all(type(v) is float or float(v) == v for v in values):
-            _block(parts, b"D", np.array(values, dtype=np.float64) + 0.0)
+        parts += (b"A", _LEN.pack(count), struct.pack(f"<{count}q", *values))
+        return True
+    except struct.error:  # beyond 64 bits
+        pass
+    try:
+        if all(float(v) == v for v in values):
+            parts += (b"D", _LEN.pack(count), struct.pack(f"<{count}d", *map(float, values)))
             return True
     except OverflowError:
         pass
@@ -393,6 +412,23 @@ def _object(value: Any, keys: frozenset[str] | None = None) -> list[str]:
     return names
 
 
+_PARSERS = threading.local()
+
+
+def _parse(raw: bytes) -> Any:
+    """simdjson's document of ``raw``, by this thread's parser (a new parser per body costs
+    its buffers anew: ~4 ms on 3 MB). A parser whose previous document is still referenced
+    (a traceback holding a proxy) refuses to parse: it is then replaced."""
+    parser = getattr(_PARSERS, "parser", None)
+    if parser is not None:
+        try:
+            return parser.parse(raw)
+        except RuntimeError:  # still in use: a fresh one below
+            pass
+    _PARSERS.parser = parser = simdjson.Parser()
+    return parser.parse(raw)
+
+
 def _forward_fast(raw: bytes) -> Decoded:
     """A ``forward`` body with simdjson: the document is parsed once, natively, and every
     array goes straight into numpy (``as_buffer``) without a Python object per number; the
@@ -401,7 +437,7 @@ def _forward_fast(raw: bytes) -> Decoded:
     if raw.startswith(_BOM):
         raise _Fallback  # simdjson skips a BOM, RFC 8259 parsers refuse it
     try:
-        doc: Any = simdjson.Parser().parse(raw)
+        doc: Any = _parse(raw)
         _object(doc, _FORWARD_KEYS)
         seq, loss_function = doc["seq"], doc["loss_function"]
         if type(seq) is not int or not 1 <= seq <= INT64_MAX or type(loss_function) is not str:
@@ -448,22 +484,35 @@ def _forward_fast(raw: bytes) -> Decoded:
     if ids_flat.min() < 0:
         raise _Fallback
     flat_inputs = [values for inputs in input_arrays for values in inputs.values()]
+    blocks: list[Any] = []
     if flat_inputs:
-        if min(len(values) for values in flat_inputs) == 0:
+        sizes = [len(values) for values in flat_inputs]
+        if min(sizes) == 0:
             raise _Fallback
         flat = np.concatenate(flat_inputs)
+        flat += 0.0  # -0.0 is 0 (a copy: the body keeps what was sent)
         if np.abs(flat).max() >= _EXACT:  # may stand for an integer literal it rounded
             raise _Fallback
+        # Each array's block at once: int64 where every value is integral, else float64.
+        starts = np.cumsum([0, *sizes[:-1]]).tolist()
+        whole = np.logical_and.reduceat(np.trunc(flat) == flat, starts).tolist()
+        as_ints = flat.astype(np.int64) if any(whole) else flat
+        blocks = [(b"A", as_ints[a:a + n]) if w else (b"D", flat[a:a + n])
+                  for a, n, w in zip(starts, sizes, whole)]
     parts: list[Any] = [b"{"]
     _str_part(parts, "data")
     parts.append(b"[")
+    at = 0
     for ids, inputs in zip(token_arrays, input_arrays):
         parts.append(b"{")
         _str_part(parts, "loss_inputs")
         parts.append(b"{")
-        for name in sorted(inputs):
+        mine = dict(zip(inputs, blocks[at:at + len(inputs)]))
+        at += len(inputs)
+        for name in sorted(mine):
             _str_part(parts, name)
-            _float_block(parts, inputs[name])
+            tag, values = mine[name]
+            parts += (tag, _LEN.pack(len(values)), values)
         parts.append(b"}")
         _str_part(parts, "model_input")
         parts.append(b"{")

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..backend import schemas
@@ -68,13 +68,19 @@ async def read_body(request: Request) -> bytes:
                            details={"max_body_bytes": limit})
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    receive = request.receive  # the ASGI messages themselves: no stream generator per request
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(f"body exceeds max_body_bytes {limit}",
                                details={"max_body_bytes": limit})
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _body(request: Request, model: type[schemas.Body]) -> tuple[Any, bytes]:

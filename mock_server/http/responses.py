@@ -80,13 +80,17 @@ class EnvelopeMiddleware:
         rid = request_id(scope)
         started = False
 
+        header = (b"x-request-id", rid.encode("latin-1"))
+
         async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", rid.encode("latin-1")))
-                message = {**message, "headers": headers}
+                headers = message.get("headers")
+                if type(headers) is list:  # a response's own fresh list: append in place
+                    headers.append(header)
+                else:
+                    message = {**message, "headers": [*(headers or ()), header]}
             await send(message)
 
         try:
