@@ -106,7 +106,7 @@ def parse_safetensors(blob: bytes) -> dict[str, dict[str, Any]]:
        "files whose bytes and sha256 match; lora_A/lora_B per target module; config r, "
        "lora_alpha, target_modules, base_model_name_or_path")
 def export1_peft(ctx: Ctx) -> None:
-    rank, alpha = 4, 8.0
+    rank, alpha = ctx.lora_rank, 8.0
     run = ctx.run(rank=rank, alpha=alpha)
     run.train(ctx.tokens("export me"))
     export = run.body("export_lora")

@@ -181,7 +181,7 @@ def ord3_held_duplicate(ctx: Ctx) -> None:
     other = run.prim("optim_step", {"adamw": adamw(learning_rate=0.5)}, seq=2, expect=None)
     expect_status(other, 409, "seq_conflict", what=f"a different body for a held seq (answered "
                   f"after {time.monotonic() - started:.2f} s)")
-    run.prim("forward_backward", _fb(ctx, "release the held step"))
+    run.forward([ce_datum(ctx.tokens("release"))], backward=True)
     timeout = ctx.wire.target.timeout + 1
     a, b = first.result(timeout), retry.result(timeout)
     expect_status(a, 200, what=f"held optim_step seq 2 (answered {first.answered_after:.2f} s "

@@ -29,9 +29,18 @@ def _names(ctx: Ctx, reply: dict[str, Any], version: int, step: int, what: str) 
                           f"{step}")
 
 
+def _needs_versions(ctx: Ctx, count: int) -> None:
+    """The check keeps ``count`` versions of one run at once (within max_versions_per_run)."""
+    limit = ctx.limit("max_versions_per_run")
+    if limit < count:
+        raise CheckWarning(f"not exercised: the check keeps {count} versions of a run "
+                           f"(limits.max_versions_per_run is {limit})")
+
+
 @check("VER-1", "increasing", title="save_weights_for_sampler versions strictly increase (gaps "
        "allowed), else 409 version_conflict; over max_versions_per_run 409 quota_exceeded")
 def ver1_increasing(ctx: Ctx) -> None:
+    _needs_versions(ctx, 2)
     run = ctx.run()
     _names(ctx, run.save(0), 0, 0, "save_weights_for_sampler(0)")
     _train(ctx, run, "versions")
@@ -58,6 +67,7 @@ def ver1_increasing(ctx: Ctx) -> None:
 def ver2_immutable(ctx: Ctx) -> None:
     if not ctx.has_primitive("logprobs") and not ctx.declares("features.deterministic_sampling"):
         raise CheckWarning("not exercised: neither logprobs nor deterministic_sampling declared")
+    _needs_versions(ctx, 2)
     run = ctx.run()
     prompt = ctx.tokens("Hi")
     scored = ctx.tokens("Hi there")
