@@ -77,6 +77,9 @@ class Summary:
     seconds: float
     interrupted: bool = False
     capabilities: dict[str, Any] = field(default_factory=dict)
+    #: Every response problem only the strict overlay found, as (check id, problem): SCHEMA-1
+    #: reports their number and the first few; this is the whole list.
+    strict_problems: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -380,4 +383,4 @@ def run_suite(target: Target, *, only: list[str] | None = None, keep_going: bool
         requests=suite.wire.requests, tokens_sent=suite.wire.tokens_sent,
         sample_tokens_requested=suite.wire.sample_tokens_requested,
         seconds=time.monotonic() - started, interrupted=interrupted,
-        capabilities=suite.ctx.caps)
+        capabilities=suite.ctx.caps, strict_problems=list(suite.wire.strict_problems))

@@ -147,6 +147,22 @@ def strict_document(document: dict[str, Any],
     return doc
 
 
+def _describe(error: jsonschema.ValidationError) -> str:
+    """An error's message; for a ``oneOf``/``anyOf`` that no branch matches (e.g. an
+    operation record, one branch per primitive), the first problem of the branch with the
+    fewest, instead of the whole instance repeated."""
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        branches: dict[Any, list[jsonschema.ValidationError]] = {}
+        for sub in error.context:
+            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        nearest = min(branches.values(), key=len)
+        sub = min(nearest, key=lambda e: [str(p) for p in e.absolute_path])
+        where = "/".join(str(p) for p in sub.absolute_path) or "(root)"
+        return (f"matches no branch of its {error.validator}; the nearest fails at {where}: "
+                f"{_describe(sub)}")
+    return str(error.message)
+
+
 @dataclass(frozen=True)
 class _PathTemplate:
     template: str  # as written in the document, e.g. /v1/training/runs/{run_id}
@@ -319,8 +335,8 @@ class OpenAPI:
         validator = self._validator(pointer)
         for error in sorted(validator.iter_errors(instance), key=lambda e: list(e.path))[:5]:
             where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-            problems.append(f"{method} {template} {status}: body at {where}: {error.message}"
-                            [:400])
+            problems.append(f"{method} {template} {status}: body at {where}: "
+                            f"{_describe(error)}"[:400])
         return problems
 
     def _header_problem(self, schema: Any, value: str) -> str | None:
