@@ -69,7 +69,7 @@ def test_spec_and_constants():
     assert spec.max_context == 2048 and spec.max_lora_rank == 64
     assert spec.capabilities_entry() == {"id": BASE_MODEL_ID, "vocab_size": 258,
                                          "max_context": 2048, "eos_token_id": 257,
-                                         "max_lora_rank": 64}
+                                         "max_lora_rank": 64, "bos_token_id": 256}
     assert MODEL.target_modules == ("mixer", "lm_head")
 
 

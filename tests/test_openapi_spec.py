@@ -331,10 +331,12 @@ def test_capabilities_schema_lists_exactly_the_disc_1_fields(
            "limits", "features"]
     schemas = spec["components"]["schemas"]
     assert len(limits) == 11 and len(features) == 3 and len(base) == 5
+    optional = {"BaseModel": ["bos_token_id"]}  # added under EXT-1 (contract-changes 3.4b)
     for name, fields in [("Limits", limits), ("Features", features), ("BaseModel", base),
                          ("Capabilities", top)]:
         assert sorted(schemas[name]["required"]) == sorted(fields), name
-        assert sorted(schemas[name]["properties"]) == sorted(fields), name
+        assert sorted(schemas[name]["properties"]) == sorted(fields + optional.get(name, [])), \
+            name
         assert "additionalProperties" not in schemas[name], name  # EXT-1
         assert strict_spec["components"]["schemas"][name]["additionalProperties"] is False
     assert schemas["PrimitiveName"]["enum"] == PRIMITIVES

@@ -13,15 +13,15 @@ from __future__ import annotations
 import hmac
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from ..engine.losses import LOSS_SPECS
-from ..engine.model import get_base_model
+from ..engine.model import model_for_spec
 from ..engine.optim import AdamWState
-from ..engine.specs import BASE_MODEL_SPECS, ModelSpec
+from ..engine.specs import ModelSpec, declare_base_models
 from . import schemas
 from .config import CONTRACT_VERSION, DEFAULT_API_KEY, Features, Limits
 from .errors import Conflict, NotFound, Unauthorized, ValidationFailed, WhitneyError
@@ -42,7 +42,8 @@ class Backend(Ordering):
     def __init__(self, *, api_keys: tuple[str, ...] | list[str] = (DEFAULT_API_KEY,),
                  seed: int = 0, limits: Limits | None = None, features: Features | None = None,
                  cancel_delay_ms: int = 50, clock: Callable[[], float] = time.time,
-                 closed_retention: int = 256) -> None:
+                 closed_retention: int = 256,
+                 base_models: Iterable[ModelSpec] | None = None) -> None:
         if not api_keys:
             raise ValueError("the mock needs at least one API key")
         self.api_keys = tuple(api_keys)
@@ -54,6 +55,10 @@ class Backend(Ordering):
         self.closed_retention = closed_retention
         self.runs: dict[str, Run] = {}
         self.reset()
+        #: The base models this mock serves, by id, in declaration order (DISC-1, LIFE-5);
+        #: the built-in byte model when none is declared. Configuration: kept by reset().
+        self.base_models: dict[str, ModelSpec] = {
+            spec.id: spec for spec in declare_base_models(base_models)}
 
     def reset(self) -> None:
         """Forget every session, run, checkpoint and export; reseed the id and sampling RNG.
@@ -115,7 +120,7 @@ class Backend(Ordering):
             "primitives": list(PRIMITIVES),
             "optimizers": ["adamw"],
             "loss_functions": LOSS_SPECS,
-            "base_models": [spec.capabilities_entry() for spec in BASE_MODEL_SPECS.values()],
+            "base_models": [spec.capabilities_entry() for spec in self.base_models.values()],
             "limits": self.limits.as_dict(),
             "features": self.features.as_dict(),
         }
@@ -242,18 +247,19 @@ class Backend(Ordering):
     def create_run(self, *, key: str, session_id: str, body: schemas.CreateRun) -> dict[str, Any]:
         """LIFE-5."""
         session = self._session(key, session_id)
-        spec = BASE_MODEL_SPECS.get(body.base_model)
+        spec = self.base_models.get(body.base_model)
         if spec is None:
-            raise ValidationFailed(f"unknown base model {body.base_model!r}",
+            raise ValidationFailed(f"unknown base model {body.base_model!r}; this mock serves "
+                                   f"{', '.join(map(repr, self.base_models))}",
                                    type="unknown_base_model",
-                                   details={"base_models": sorted(BASE_MODEL_SPECS)})
+                                   details={"base_models": list(self.base_models)})
         self._check_rank(body.lora.rank, spec)
         if session.state != "open":
             raise Conflict(f"session is {session.state}", type="session_not_open")
         if len(session.run_ids) >= self.limits.max_runs_per_session:
             raise Conflict("the session already has max_runs_per_session runs",
                            type="quota_exceeded", details={"limit": "max_runs_per_session"})
-        base = get_base_model(body.base_model)
+        base = model_for_spec(spec)
         seed = body.lora.seed if body.lora.seed is not None else self.fresh_seed()
         lora = base.init_lora(body.lora.rank, body.lora.alpha, seed)
         run = Run(self.new_id("run"), session_id, key, body.base_model, base, lora,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,15 +140,20 @@ class ModelSpec:
 
     def capabilities_entry(self) -> dict[str, object]:
         """The DISC-1 ``base_models[]`` object."""
-        return {
+        entry: dict[str, object] = {
             "id": self.id,
             "vocab_size": self.vocab_size,
             "max_context": self.max_context,
             "eos_token_id": self.eos_token_id,
             "max_lora_rank": self.max_lora_rank,
         }
+        if self.bos_token_id is not None:  # an added, optional field (EXT-1)
+            entry["bos_token_id"] = self.bos_token_id
+        return entry
 
 
+#: The built-in base models by id: what a mock serves when no model is declared, and the
+#: only ids that may be declared by id alone (with their own numbers, or none).
 BASE_MODEL_SPECS: dict[str, ModelSpec] = {
     BASE_MODEL_ID: ModelSpec(
         id=BASE_MODEL_ID,
@@ -349,3 +356,133 @@ def spec_from_hf_folder(path: str | Path, *, model_id: str | None = None,
                                  else max_context, max_lora_rank=max_lora_rank)
     except ValueError as exc:
         raise HFFolderError(f"{folder}: {exc}") from None
+
+
+# --------------------------------------------------------------------- declarations
+
+#: The fields of a declaration (the capabilities ``base_models[]`` names) and the short
+#: aliases the one-line syntax accepts for them.
+DECLARATION_FIELDS = ("vocab_size", "eos_token_id", "bos_token_id", "max_context",
+                      "max_lora_rank")
+_ALIASES = {"vocab": "vocab_size", "eos": "eos_token_id", "bos": "bos_token_id"}
+DECLARATION_SYNTAX = ("ID:vocab_size=N,eos=N[,bos=N][,max_context=N][,max_lora_rank=N]")
+
+
+def _declared_from_fields(model_id: str, fields: dict[str, Any], where: str) -> ModelSpec:
+    """A spec from an id and declaration fields (canonical names); the built-in ids resolve
+    to the built-in spec when every given number is its own."""
+    builtin = BASE_MODEL_SPECS.get(model_id)
+    if builtin is not None:
+        entry = {**builtin.capabilities_entry(), "bos_token_id": builtin.bos_token_id}
+        differing = sorted(k for k, v in fields.items() if entry.get(k) != v)
+        if differing:
+            own = ", ".join(f"{k}={entry[k]}" for k in DECLARATION_FIELDS)
+            raise ValueError(f"{where}: {model_id!r} is the built-in model ({own}); "
+                             f"{', '.join(differing)} differ: declare another id for other "
+                             f"numbers")
+        return builtin
+    missing = [k for k in ("vocab_size", "eos_token_id") if k not in fields]
+    if missing:
+        raise ValueError(f"{where}: base model {model_id!r} needs {' and '.join(missing)} "
+                         f"(syntax {DECLARATION_SYNTAX})")
+    try:
+        return ModelSpec.declare(model_id, fields["vocab_size"], fields["eos_token_id"],
+                                 fields.get("bos_token_id"),
+                                 max_context=fields.get("max_context", DEFAULT_MAX_CONTEXT),
+                                 max_lora_rank=fields.get("max_lora_rank",
+                                                          DEFAULT_MAX_LORA_RANK))
+    except ValueError as exc:  # its message names the model and the problem
+        raise ValueError(str(exc)) from None
+
+
+def parse_base_model(text: str) -> ModelSpec:
+    """A base model declared in one line: ``ID:vocab_size=N,eos=N[,bos=N][,max_context=N]
+    [,max_lora_rank=N]`` (``vocab``, ``eos``, ``bos`` abbreviate ``vocab_size``,
+    ``eos_token_id``, ``bos_token_id``; spaces around items are ignored), or a built-in id
+    alone (``whitney-mock/tiny-byte``). The id ends at the last ``:`` before the first ``=``.
+
+    ``ValueError`` with one line naming the declaration and the problem.
+    """
+    where = f"base model declaration {text!r}"
+    text = text.strip()
+    head, sep, _ = text.partition("=")
+    if not sep:
+        if text in BASE_MODEL_SPECS:
+            return BASE_MODEL_SPECS[text]
+        raise ValueError(f"{where}: give the model's numbers, e.g. "
+                         f"'{text or 'org/model'}:vocab_size=151936,eos=151645' "
+                         f"(syntax {DECLARATION_SYNTAX}), or declare it from a folder")
+    model_id, colon, _ = head.rpartition(":")
+    if not colon or not model_id.strip():
+        raise ValueError(f"{where}: expected {DECLARATION_SYNTAX}")
+    fields: dict[str, Any] = {}
+    for item in text[len(model_id) + 1:].split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        name = _ALIASES.get(key, key)
+        if not eq or name not in DECLARATION_FIELDS:
+            raise ValueError(f"{where}: {item.strip()!r} is not NAME=INTEGER with NAME one of "
+                             f"{', '.join(DECLARATION_FIELDS)} (or vocab, eos, bos)")
+        if name in fields:
+            raise ValueError(f"{where}: {name} given twice")
+        if not value.isascii() or not value.isdigit():
+            raise ValueError(f"{where}: {key}={value!r} is not a non-negative integer")
+        fields[name] = int(value)
+    return _declared_from_fields(model_id.strip(), fields, where)
+
+
+def base_model_from_folder(value: str | os.PathLike[str]) -> ModelSpec:
+    """A base model from a local Hugging Face folder (:func:`spec_from_hf_folder`), its id the
+    folder's name; ``ID=DIR`` names it (a value that is itself an existing folder is always
+    the folder). ``ValueError`` (:class:`HFFolderError`) with one line."""
+    text = os.fspath(value)
+    model_id: str | None = None
+    if not Path(text).expanduser().is_dir() and "=" in text:
+        model_id, _, text = text.partition("=")
+        model_id = model_id.strip()
+    return spec_from_hf_folder(text, model_id=model_id)
+
+
+def declare_base_models(items: Iterable[ModelSpec | str | Mapping[str, Any]
+                                        | os.PathLike[str]] | None) -> tuple[ModelSpec, ...]:
+    """The base models a mock serves, in the order given; the built-in byte model when none.
+
+    Each item is a :class:`ModelSpec`; a ``str`` in the one-line syntax of
+    :func:`parse_base_model`; a mapping with the capabilities entry's names (``id``,
+    ``vocab_size``, ``eos_token_id``, optional ``bos_token_id``, ``max_context``,
+    ``max_lora_rank``); or a path (``pathlib.Path``) to a Hugging Face model folder. An id may
+    be declared once. Every problem is a ``ValueError`` with one line.
+    """
+    specs: list[ModelSpec] = []
+    for item in items or ():
+        if isinstance(item, ModelSpec):
+            spec = item
+            builtin = BASE_MODEL_SPECS.get(spec.id)
+            if builtin is not None and spec != builtin:
+                spec = _declared_from_fields(spec.id, {
+                    "vocab_size": spec.vocab_size, "eos_token_id": spec.eos_token_id,
+                    "bos_token_id": spec.bos_token_id, "max_context": spec.max_context,
+                    "max_lora_rank": spec.max_lora_rank}, f"base model {spec.id!r}")
+        elif isinstance(item, str):
+            spec = parse_base_model(item)
+        elif isinstance(item, os.PathLike):
+            spec = base_model_from_folder(item)
+        elif isinstance(item, Mapping):
+            where = f"base model declaration {dict(item)!r}"
+            model_id = item.get("id")
+            if not isinstance(model_id, str):
+                raise ValueError(f"{where}: needs a string 'id'")
+            unknown = sorted(set(item) - {"id", *DECLARATION_FIELDS})
+            if unknown:
+                raise ValueError(f"{where}: unknown key(s) {unknown}; known: id, "
+                                 f"{', '.join(DECLARATION_FIELDS)}")
+            fields = {k: v for k, v in item.items() if k != "id"}
+            if fields.get("bos_token_id", 0) is None:
+                del fields["bos_token_id"]
+            spec = _declared_from_fields(model_id, fields, where)
+        else:
+            raise ValueError(f"a base model is a ModelSpec, a declaration string, a mapping or "
+                             f"a folder path, got {type(item).__name__}")
+        if any(known.id == spec.id for known in specs):
+            raise ValueError(f"base model {spec.id!r} declared twice")
+        specs.append(spec)
+    return tuple(specs) if specs else tuple(BASE_MODEL_SPECS.values())

@@ -7,7 +7,8 @@ middleware when the control plane is on, and the request log outermost.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from os import PathLike
 from typing import Any
 
 from starlette.applications import Starlette
@@ -17,6 +18,7 @@ from starlette.middleware import Middleware
 from ..backend.config import DEFAULT_API_KEY, Features, Limits
 from ..backend.errors import WhitneyError
 from ..backend.state import Backend
+from ..engine.specs import ModelSpec, declare_base_models
 from .control import control_routes, install_faults
 from .dashboard import dashboard_routes
 from .endpoints import BodyReader, http_error, read_json, whitney_error
@@ -32,6 +34,8 @@ def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
                cancel_delay_ms: int = 50, features: Features | None = None,
                control_plane: bool = False, violations: Iterable[str] = frozenset(),
                clock: Callable[[], float] | None = None, closed_retention: int = 256,
+               base_models: Iterable[ModelSpec | str | Mapping[str, Any] | PathLike[str]]
+               | None = None,
                backend_factory: Callable[..., Backend] = Backend,
                body_reader: BodyReader = read_json,
                middleware: Sequence[Middleware] = ()) -> Starlette:
@@ -45,6 +49,13 @@ def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
     ones are forgotten, so memory stays flat). ``clock``: a ``time.time``-like callable for
     tests.
 
+    ``base_models``: the base models to serve (capabilities list exactly these, in order);
+    none = the built-in ``whitney-mock/tiny-byte``. Each is a ``ModelSpec``, a one-line
+    declaration ``"ID:vocab_size=N,eos=N[,bos=N][,max_context=N][,max_lora_rank=N]"``, a
+    mapping shaped like a capabilities ``base_models[]`` entry, or a ``pathlib.Path`` to a
+    local Hugging Face model folder (see ``mock_server.engine.specs.declare_base_models``).
+    A bad declaration raises ``ValueError`` with one line naming it.
+
     ``violations``: in-process contract violations that prove the conformance suite can fail,
     never reachable over HTTP. They live in ``mock_server.testing``; a non-empty set is handed
     to ``mock_server.testing.switches.create_app_with`` (the one import of ``testing`` from
@@ -55,20 +66,23 @@ def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
     value to validate), ``middleware`` (ASGI middleware just outside the routes, inside the
     request-id and 500 envelope).
     """
+    declared = declare_base_models(base_models)  # ValueError before anything is built
     if violations:
         from ..testing.switches import create_app_with
 
         return create_app_with(
             violations=violations, api_keys=api_keys, seed=seed, limits=limits,
             order_wait_ms=order_wait_ms, cancel_delay_ms=cancel_delay_ms, features=features,
-            control_plane=control_plane, clock=clock, closed_retention=closed_retention)
+            control_plane=control_plane, clock=clock, closed_retention=closed_retention,
+            base_models=declared)
     base_limits = limits if isinstance(limits, Limits) else Limits().with_overrides(limits)
     if order_wait_ms is not None:
         base_limits = base_limits.with_overrides({"order_wait_ms": order_wait_ms})
     clock_option = {} if clock is None else {"clock": clock}
     backend = backend_factory(api_keys=tuple(api_keys), seed=seed, limits=base_limits,
                               features=features, cancel_delay_ms=cancel_delay_ms,
-                              closed_retention=closed_retention, **clock_option)
+                              closed_retention=closed_retention, base_models=declared,
+                              **clock_option)
     routes = starlette_routes()
     if control_plane:
         routes += control_routes() + dashboard_routes()  # /_mock/ui: the live dashboard

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from os import PathLike
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +28,7 @@ import httpx
 
 from ..backend.config import DEFAULT_API_KEY
 from ..backend.state import Backend
+from ..engine.specs import ModelSpec
 from ..http.app import create_app
 from ..transport import InProcessTransport
 
@@ -36,6 +38,8 @@ __all__ = ["DEFAULT_API_KEY", "IN_PROCESS_BASE_URL", "MockControlError", "MockWh
 IN_PROCESS_BASE_URL = "http://whitney.mock"
 
 TraceEntry = dict[str, Any]  # {"seq": int, "primitive": str, "status": "completed" | "failed"}
+#: One base model declaration, as ``create_app(base_models=...)`` takes it.
+BaseModelDeclaration = ModelSpec | str | Mapping[str, Any] | PathLike[str]
 
 
 class _Borrowed(httpx.BaseTransport):
@@ -117,22 +121,32 @@ class MockWhitney:
     @classmethod
     def in_process(cls, *, seed: int = 0, limits: Mapping[str, int] | None = None,
                    api_keys: Iterable[str] = (DEFAULT_API_KEY,),
-                   cancel_delay_ms: int = 50) -> MockWhitney:
-        """A fresh mock served through :class:`InProcessTransport` (no socket)."""
+                   cancel_delay_ms: int = 50,
+                   base_models: Iterable[BaseModelDeclaration] | None = None) -> MockWhitney:
+        """A fresh mock served through :class:`InProcessTransport` (no socket).
+
+        ``base_models``: what ``create_app(base_models=...)`` takes (``ModelSpec``, one-line
+        declaration ``"ID:vocab_size=N,eos=N[,bos=N]..."``, capabilities-shaped mapping, or a
+        ``pathlib.Path`` to a Hugging Face model folder); none = the built-in byte model.
+        """
         keys = tuple(api_keys)
         app = create_app(api_keys=keys, seed=seed, limits=dict(limits or {}),
-                         cancel_delay_ms=cancel_delay_ms, control_plane=True)
+                         cancel_delay_ms=cancel_delay_ms, control_plane=True,
+                         base_models=base_models)
         return cls(app, base_url=IN_PROCESS_BASE_URL, transport=InProcessTransport(app),
                    api_keys=keys)
 
     @classmethod
     def serve(cls, *, seed: int = 0, limits: Mapping[str, int] | None = None,
               api_keys: Iterable[str] = (DEFAULT_API_KEY,), cancel_delay_ms: int = 50,
-              host: str = "127.0.0.1") -> MockWhitney:
-        """A fresh mock served by uvicorn on ``host`` and a free port, on a background thread."""
+              host: str = "127.0.0.1",
+              base_models: Iterable[BaseModelDeclaration] | None = None) -> MockWhitney:
+        """A fresh mock served by uvicorn on ``host`` and a free port, on a background thread
+        (``base_models`` as for :meth:`in_process`)."""
         keys = tuple(api_keys)
         app = create_app(api_keys=keys, seed=seed, limits=dict(limits or {}),
-                         cancel_delay_ms=cancel_delay_ms, control_plane=True)
+                         cancel_delay_ms=cancel_delay_ms, control_plane=True,
+                         base_models=base_models)
         server = _UvicornThread(app, host)
         server.start()
         return cls(app, base_url=f"http://{host}:{server.port}", transport=httpx.HTTPTransport(),
@@ -156,6 +170,12 @@ class MockWhitney:
     @property
     def backend(self) -> Backend:
         return self.app.state.backend
+
+    @property
+    def base_models(self) -> list[dict[str, Any]]:
+        """The served base models, as ``GET /capabilities`` lists them (``id``,
+        ``vocab_size``, ``eos_token_id``, ``bos_token_id`` when there is one, ...)."""
+        return [spec.capabilities_entry() for spec in self.backend.base_models.values()]
 
     def new_client(self, **kwargs: Any) -> httpx.Client:
         """Another ``httpx.Client`` on this mock (closed with the mock); kwargs go to httpx."""

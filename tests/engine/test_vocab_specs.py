@@ -25,7 +25,8 @@ def test_declare_accepts_any_vocabulary_and_special_ids(vocab, eos, bos):
     assert spec.special_token_ids == tuple(sorted({eos} | ({bos} if bos is not None else set())))
     assert spec.capabilities_entry() == {"id": "org/model", "vocab_size": vocab,
                                          "max_context": 131072, "eos_token_id": eos,
-                                         "max_lora_rank": 128}
+                                         "max_lora_rank": 128,
+                                         **({} if bos is None else {"bos_token_id": bos})}
 
 
 def test_declare_defaults_and_numpy_integers():
