@@ -38,7 +38,7 @@ from grpo.errors import (
 )
 
 __all__ = ["AdamW", "RetryPolicy", "WhitneyClient", "RunHandle", "Run", "TERMINAL_RUN_STATES",
-           "PREFIX"]
+           "PREFIX", "server_root"]
 
 PREFIX = "/v1/training"
 TERMINAL_RUN_STATES = frozenset({"finished", "cancelled", "failed"})  # LIFE-8
@@ -74,6 +74,21 @@ def _retry_after_seconds(response: httpx.Response) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def server_root(url: str) -> str:
+    """The server root of a Whitney URL: the root itself or the root plus ``/v1/training``
+    (what the mock's banner prints), trailing slashes ignored. The client puts
+    ``/v1/training`` before every path. ``ValueError`` for anything but ``http(s)://host...``.
+    """
+    root = url.strip().rstrip("/")
+    if root.endswith(PREFIX):
+        root = root[: -len(PREFIX)].rstrip("/")
+    parsed = httpx.URL(root)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"base URL {url!r}: expected http(s)://host[:port][/path], the "
+                         f"server root or the root plus {PREFIX}")
+    return root
 
 
 def _encode(body: Any) -> bytes:
@@ -114,7 +129,8 @@ class WhitneyClient:
     ) -> WhitneyClient:
         """A client for ``base_url`` / ``api_key``, else ``WHITNEY_BASE_URL`` /
         ``WHITNEY_API_KEY``, else the embedded in-process mock (:mod:`grpo.embedded`).
-        ``transport`` replaces httpx's network transport for a base URL (proxies, tests)."""
+        ``transport`` replaces httpx's network transport for a base URL (proxies, tests).
+        ``base_url`` is the server root or the root plus ``/v1/training`` (:func:`server_root`)."""
         base_url = base_url or os.environ.get("WHITNEY_BASE_URL")
         api_key = api_key or os.environ.get("WHITNEY_API_KEY")
         if not base_url:
@@ -124,7 +140,7 @@ class WhitneyClient:
         if not api_key:
             raise ValueError("a base URL needs an API key: pass api_key or set WHITNEY_API_KEY")
         http = httpx.Client(
-            base_url=base_url.rstrip("/"),
+            base_url=server_root(base_url),
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=timeout,
             transport=transport,
@@ -155,7 +171,7 @@ class WhitneyClient:
             document = None
         if not isinstance(document, dict):
             raise ProtocolError(
-                f"{method} {path}: {response.status_code} body is not a JSON object",
+                f"{method} {self.url(path)}: {response.status_code} body is not a JSON object",
                 status=response.status_code,
             )
         return document
@@ -173,12 +189,12 @@ class WhitneyClient:
                 response = self.http.request(method, path, content=content, headers=headers)
             except _NEVER_SENT as exc:
                 if last_try:
-                    raise ConnectionFailed(f"{method} {path}: {exc!r}") from exc
+                    raise ConnectionFailed(f"{method} {self.url(path)}: {exc!r}") from exc
                 self._sleep(self.retry.backoff(attempt))
                 continue
             except _MAYBE_SENT as exc:
                 if last_try or not replay_safe:
-                    raise ConnectionFailed(f"{method} {path}: {exc!r}") from exc
+                    raise ConnectionFailed(f"{method} {self.url(path)}: {exc!r}") from exc
                 self._sleep(self.retry.backoff(attempt))
                 continue
             status = response.status_code
@@ -193,16 +209,19 @@ class WhitneyClient:
                 raise self._error(method, path, response)
             return response
 
-    @staticmethod
-    def _error(method: str, path: str, response: httpx.Response) -> Exception:
+    def url(self, path: str) -> str:
+        """The full URL a request to ``path`` goes to (errors name it)."""
+        return str(self.http.base_url).rstrip("/") + "/" + path.lstrip("/")  # as httpx merges
+
+    def _error(self, method: str, path: str, response: httpx.Response) -> Exception:
         try:
             inner = response.json()["error"]
             type_, message = inner["type"], inner["message"]
             details = inner.get("details") or {}
         except (ValueError, KeyError, TypeError):
             return ProtocolError(
-                f"{method} {path}: {response.status_code} without the ERR-1 envelope: "
-                f"{response.text[:200]!r}",
+                f"{method} {self.url(path)}: {response.status_code} without the ERR-1 "
+                f"envelope: {response.text[:200]!r}",
                 status=response.status_code,
             )
         return api_error_class(response.status_code)(
@@ -212,6 +231,7 @@ class WhitneyClient:
             details,
             method=method,
             path=path,
+            url=self.url(path),
             request_id=response.headers.get("X-Request-Id"),
         )
 

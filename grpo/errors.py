@@ -52,6 +52,7 @@ class APIError(WhitneyClientError):
         method: str = "",
         path: str = "",
         request_id: str | None = None,
+        url: str | None = None,
     ) -> None:
         self.status = status
         self.type = type
@@ -59,8 +60,9 @@ class APIError(WhitneyClientError):
         self.details = details or {}
         self.method = method
         self.path = path
+        self.url = url or path  # the full URL requested (the client sets it)
         self.request_id = request_id
-        super().__init__(f"{method} {path} -> {status} {type}: {message}".strip())
+        super().__init__(f"{method} {self.url} -> {status} {type}: {message}".strip())
 
 
 class BadRequestError(APIError):
