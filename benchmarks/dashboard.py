@@ -154,7 +154,7 @@ async def _one_poll(cfg: Config, operations: int) -> list[Row]:
                  f"{note}; {steady_size}-byte answer"),
         make_row(GROUP, f"first poll of a page, run of {operations} ops (since=0)",
                  full["poll"].median_s, full["bare"].median_s, "s", None,
-                 f"{note}; {full_size}-byte answer (at most 400 ops per run)"),
+                 f"{note}; {full_size}-byte answer (at most 200 ops per run)"),
     ]
 
 

@@ -37,7 +37,7 @@ __all__ = ["OPS_PER_RUN", "PREVIEW_SAMPLES", "PREVIEW_TOKENS", "dashboard_state"
 
 #: At most this many operations per run in one answer (the most recent); older ones stay on
 #: the server (``/_mock/trace``, ``GET .../operations/{seq}``) and in the curves.
-OPS_PER_RUN = 400
+OPS_PER_RUN = 200
 #: Sample previews: the first sequences of a ``sample`` answer, each cut at this many tokens.
 PREVIEW_SAMPLES = 4
 PREVIEW_TOKENS = 96

@@ -7,6 +7,8 @@
   const STATE_URL = "/_mock/ui/state";
   const POLL_MS = 1000;
   const KEEP_OPS = 2000; // operations kept per run in the page (the newest)
+  const DRAW_ROWS = 150; // timeline rows drawn (the newest): the page must stay light to run
+  const MAX_CHART_POINTS = 400; // a curve draws at most this many points (evenly spaced)
 
   const $ = (id) => document.getElementById(id);
   let key = sessionStorage.getItem(KEY_STORE);
@@ -17,7 +19,7 @@
 
   function emptyModel() {
     return { cursor: 0, sessions: [], runs: new Map(), order: [], faults: [], now: 0,
-             receivedAt: 0, lastOk: 0, polls: 0 };
+             receivedAt: 0, lastOk: 0, polls: 0, signature: "" };
   }
 
   // -- key handling ---------------------------------------------------------------------------
@@ -41,9 +43,10 @@
     $("app").hidden = false;
     $("forget").hidden = false;
     $("whoami").textContent = "key " + mask(key);
-    $("sessions").innerHTML = '<p class="empty">loading…</p>';
-    $("detail").innerHTML = '<p class="empty">No run yet: start training against this mock.</p>';
-    $("faults").innerHTML = "";
+    $("detail").removeAttribute("data-run-id");
+    setHTML($("sessions"), '<p class="empty">loading…</p>');
+    setHTML($("detail"), '<p class="empty">No run yet: start training against this mock.</p>');
+    setHTML($("faults"), "");
     schedule(0);
   }
 
@@ -84,8 +87,7 @@
       } else {
         const data = await response.json();
         if (mine !== generation) return;
-        merge(data);
-        render();
+        if (merge(data)) render(); else tick(); // redraw only when something changed
         setStatus("live", false);
       }
     } catch (error) {
@@ -97,12 +99,21 @@
 
   function setStatus(text, bad) {
     const el = $("status");
-    el.textContent = text;
+    setText(el, text);
     el.classList.toggle("bad", !!bad);
     el.classList.toggle("live", !bad && text === "live");
   }
 
+  // Merges an answer; true when the page must be redrawn.
   function merge(data) {
+    const signature = JSON.stringify([data.sessions, data.faults, data.runs.map((r) => [
+      r.run_id, r.state, r.step, r.next_seq, r.operations, r.versions.length,
+      r.held.map((h) => h.seq)])]);
+    let changed = signature !== model.signature || model.polls === 0;
+    model.signature = signature;
+    for (const r of data.runs) {
+      changed ||= r.ops.length + r.ended_holds.length + r.points.length + r.uses.length > 0;
+    }
     model.cursor = data.cursor;
     model.now = data.now;
     model.receivedAt = performance.now();
@@ -143,6 +154,7 @@
     }
     for (const id of [...model.runs.keys()]) if (!present.has(id)) model.runs.delete(id);
     model.order = data.runs.map((r) => r.run_id);
+    return changed;
   }
 
   // -- rendering --------------------------------------------------------------------------------
@@ -202,7 +214,7 @@
   function renderSessions() {
     const current = currentRunId();
     if (!model.sessions.length) {
-      $("sessions").innerHTML = '<p class="empty">This key has no sessions yet.</p>';
+      setHTML($("sessions"), '<p class="empty">This key has no sessions yet.</p>');
       return;
     }
     const html = [...model.sessions].reverse().map((s) => {
@@ -218,16 +230,16 @@
       }).join("");
       return `<div class="session" data-session-id="${esc(s.session_id)}">
         <div class="session-head"><span class="mono" title="${esc(s.session_id)}">${esc(shortId(s.session_id))}</span>
-          ${badge(s.state)} <span class="ttl" data-session-id="${esc(s.session_id)}">${esc(ttlText(s))}</span></div>
+          ${badge(s.state)} <span class="ttl" data-session-id="${esc(s.session_id)}"></span></div>
         ${meta ? `<div class="meta">${meta}</div>` : ""}
         <ul class="runs">${runs || '<li class="empty">no runs</li>'}</ul></div>`;
     }).join("");
-    $("sessions").innerHTML = html;
+    setHTML($("sessions"), html);
   }
 
   function renderFaults() {
     if (!model.faults.length) {
-      $("faults").innerHTML = '<p class="empty">none</p>';
+      setHTML($("faults"), '<p class="empty">none</p>');
       return;
     }
     const skip = new Set(["fault_id", "kind", "primitive", "run_id", "seed", "remaining", "seen",
@@ -242,8 +254,8 @@
         <td class="num" title="fired / matching calls seen">${f.fired} / ${f.seen}</td>
         <td>${f.active ? (f.remaining === null ? "∞ left" : f.remaining + " left") : "spent"}</td></tr>`;
     }).join("");
-    $("faults").innerHTML = `<table class="faults"><thead><tr><th>fault</th><th>target</th>
-      <th>fired</th><th></th></tr></thead><tbody>${rows}</tbody></table>`;
+    setHTML($("faults"), `<table class="faults"><thead><tr><th>fault</th><th>target</th>
+      <th>fired</th><th></th></tr></thead><tbody>${rows}</tbody></table>`);
   }
 
   function produced(op) {
@@ -268,48 +280,88 @@
                           run_cancelled: ["cancelled", "cancelled with the run"],
                           run_not_active: ["cancelled", "cancelled: run finished"] };
 
+  // The newest DRAW_ROWS rows of a run's timeline, in seq order: [{key, html}].
   function timelineRows(run) {
     const rows = [];
     for (const op of run.ops.values()) rows.push({ seq: op.seq, order: 1, op });
     for (const hold of run.ended.values()) rows.push({ seq: hold.seq, order: 0, hold });
     for (const held of run.info.held) rows.push({ seq: held.seq, order: 2, held });
     rows.sort((a, b) => a.seq - b.seq || a.order - b.order);
-    return rows.map((row) => {
+    return rows.slice(-DRAW_ROWS).map((row) => {
       if (row.op) {
         const op = row.op;
         const status = op.status;
         const replay = op.replays ? `<span class="badge st-replayed">replayed ×${op.replays}</span>` : "";
         const heldText = op.held_ms !== null ? `<span class="was-held">held ${fmtMs(op.held_ms)}</span>` : "";
-        return `<tr class="op st-${status}" data-seq="${op.seq}" data-status="${status}"
+        return { key: `op:${op.seq}`, html: `<tr class="op st-${status}" data-key="op:${op.seq}"
+                    data-seq="${op.seq}" data-status="${status}"
                     data-primitive="${esc(op.primitive)}" data-replays="${op.replays}"
                     data-held-ms="${op.held_ms ?? ""}">
           <td class="num">${op.seq}</td><td>${esc(op.primitive)}</td>
           <td>${badge(status)} ${replay}</td><td class="num">${fmtMs(op.duration_ms)}</td>
-          <td>${heldText}</td><td class="produced">${produced(op)}</td></tr>`;
+          <td>${heldText}</td><td class="produced">${produced(op)}</td></tr>` };
       }
       if (row.hold) {
-        const [status, text] = HOLD_OUTCOMES[row.hold.outcome] || ["failed", row.hold.outcome];
-        return `<tr class="op st-${status}" data-seq="${row.hold.seq}" data-status="${status}"
-                    data-primitive="${esc(row.hold.primitive)}" data-held-ms="${row.hold.held_ms}">
-          <td class="num">${row.hold.seq}</td><td>${esc(row.hold.primitive)}</td>
+        const hold = row.hold;
+        const [status, text] = HOLD_OUTCOMES[hold.outcome] || ["failed", hold.outcome];
+        return { key: `end:${hold.rev}`, html: `<tr class="op st-${status}" data-key="end:${hold.rev}"
+                    data-seq="${hold.seq}" data-status="${status}"
+                    data-primitive="${esc(hold.primitive)}" data-held-ms="${hold.held_ms}">
+          <td class="num">${hold.seq}</td><td>${esc(hold.primitive)}</td>
           <td>${badge(status)}</td><td></td>
-          <td><span class="was-held">held ${fmtMs(row.hold.held_ms)}</span></td>
-          <td class="produced">${esc(text)} (409 ${esc(row.hold.outcome)}; no seq consumed)</td></tr>`;
+          <td><span class="was-held">held ${fmtMs(hold.held_ms)}</span></td>
+          <td class="produced">${esc(text)} (409 ${esc(hold.outcome)}; no seq consumed)</td></tr>` };
       }
       const held = row.held;
-      return `<tr class="op st-held" data-seq="${held.seq}" data-status="held"
-                  data-primitive="${esc(held.primitive)}">
+      return { key: `held:${held.seq}`, html: `<tr class="op st-held" data-key="held:${held.seq}"
+                  data-seq="${held.seq}" data-status="held" data-primitive="${esc(held.primitive)}">
         <td class="num">${held.seq}</td><td>${esc(held.primitive)}</td>
         <td>${badge("held")}</td><td></td>
         <td><span class="holding" data-held-base="${held.held_ms}">held ${fmtMs(held.held_ms)}</span></td>
-        <td class="produced">waiting for seq ${run.info.next_seq} (a gap before it)</td></tr>`;
-    }).join("");
+        <td class="produced">waiting for seq ${run.info.next_seq} (a gap before it)</td></tr>` };
+    });
+  }
+
+  // Brings tbody's rows to `rows` ([{key, html}]) touching only what changed: a redraw once
+  // a second then costs the new rows, not the whole table.
+  const drawn = new WeakMap(); // row element -> the html it was made from
+  const template = document.createElement("template");
+  function patchRows(tbody, rows) {
+    const existing = new Map([...tbody.children].map((tr) => [tr.dataset.key, tr]));
+    const wanted = new Set(rows.map((row) => row.key));
+    for (const [k, tr] of existing) if (!wanted.has(k)) tr.remove();
+    let cursor = tbody.firstElementChild;
+    for (const row of rows) {
+      let tr = existing.get(row.key);
+      if (!tr || drawn.get(tr) !== row.html) {
+        template.innerHTML = row.html;
+        const fresh = template.content.firstElementChild;
+        drawn.set(fresh, row.html);
+        if (tr) {
+          if (cursor === tr) cursor = fresh;
+          tr.replaceWith(fresh);
+        }
+        tr = fresh;
+      }
+      if (tr === cursor) cursor = cursor.nextElementSibling;
+      else tbody.insertBefore(tr, cursor);
+    }
+  }
+
+  // innerHTML, only when it changed
+  function setHTML(el, html) {
+    if (drawn.get(el) !== html) {
+      el.innerHTML = html;
+      drawn.set(el, html);
+    }
   }
 
   function chart(metric, title, points) {
     const W = 320, H = 150, L = 46, R = 10, T = 22, B = 24;
-    const pts = points.filter((p) => typeof p.y === "number" && Number.isFinite(p.y));
-    const last = pts.length ? fmtNum(pts.at(-1).y) : "–";
+    const all = points.filter((p) => typeof p.y === "number" && Number.isFinite(p.y));
+    const stride = Math.ceil(all.length / MAX_CHART_POINTS); // a long run: every stride-th point
+    const pts = stride > 1 ? all.filter((p, i) => i % stride === 0 || i === all.length - 1) : all;
+    const last = all.length ? fmtNum(all.at(-1).y) : "–";
     let body = "";
     if (pts.length) {
       let [x0, x1] = [Math.min(...pts.map((p) => p.x)), Math.max(...pts.map((p) => p.x))];
@@ -331,7 +383,7 @@
     } else {
       body = `<text class="tick" x="${W / 2}" y="${H / 2}" text-anchor="middle">no optimizer step yet</text>`;
     }
-    return `<figure class="chart"><svg class="curve" data-metric="${metric}" data-points="${pts.length}"
+    return `<figure class="chart"><svg class="curve" data-metric="${metric}" data-points="${all.length}"
         viewBox="0 0 ${W} ${H}" role="img" aria-label="${esc(title)} per optimizer step">
         <text class="title" x="${L}" y="14">${esc(title)}</text>
         <text class="last" x="${W - R}" y="14" text-anchor="end">${last}</text>${body}</svg></figure>`;
@@ -342,21 +394,64 @@
     const detail = $("detail");
     if (!id) {
       detail.removeAttribute("data-run-id");
-      detail.innerHTML = '<p class="empty">No run yet: start training against this mock.</p>';
+      setHTML(detail, '<p class="empty">No run yet: start training against this mock.</p>');
       return;
     }
     const run = model.runs.get(id);
     const info = run.info;
+    if (detail.dataset.runId !== id) { // another run: a fresh skeleton, sections filled below
+      detail.dataset.runId = id;
+      setHTML(detail, `
+        <div class="run-head"></div>
+        <div class="charts"></div>
+        <div class="cols">
+          <div class="col-main">
+            <h3>Timeline <span class="hint">operations in seq order</span></h3>
+            <div class="omitted"></div>
+            <div class="timeline-box"><table id="timeline"><colgroup><col class="c-seq"><col class="c-prim">
+              <col class="c-out"><col class="c-took"><col class="c-held"><col></colgroup>
+              <thead><tr><th>seq</th><th>primitive</th>
+              <th>outcome</th><th>took</th><th>held</th><th>produced</th></tr></thead>
+              <tbody></tbody></table></div>
+          </div>
+          <div class="col-side">
+            <h3>Versions <span class="hint">saved for the sampler, and who used them</span></h3>
+            <div class="versions-box"><table id="versions"><thead><tr><th>version</th><th>step</th>
+              <th>saved (UTC)</th><th>used by</th></tr></thead><tbody></tbody></table></div>
+            <h3>Samples <span class="hint samples-hint"></span></h3>
+            <div id="samples"></div>
+          </div>
+        </div>`);
+    }
     const box = detail.querySelector(".timeline-box");
-    const atBottom = !box || box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
-    const oldScroll = box ? box.scrollTop : 0;
     const vbox = detail.querySelector(".versions-box");
-    const versionsAtBottom = !vbox || vbox.scrollTop + vbox.clientHeight >= vbox.scrollHeight - 8;
-    const versionsScroll = vbox ? vbox.scrollTop : 0;
-    const sameRun = detail.dataset.runId === id;
+    const atBottom = box.scrollTop + box.clientHeight >= box.scrollHeight - 8;
+    const versionsAtBottom = vbox.scrollTop + vbox.clientHeight >= vbox.scrollHeight - 8;
+
+    setHTML(detail.querySelector(".run-head"), `
+      <h2><span class="mono">${esc(id)}</span> ${badge(info.state)}</h2>
+      <div class="stats">
+        <span class="kv">model <b>${esc(info.base_model)}</b></span>
+        <span class="kv">step <b id="run-step">${info.step}</b></span>
+        <span class="kv">next seq <b id="run-next-seq">${info.next_seq}</b></span>
+        <span class="kv">operations <b>${info.operations}</b></span>
+        <span class="kv">held now <b>${info.held.length}</b></span>
+        <span class="kv">session <b class="mono">${esc(shortId(info.session_id))}</b></span>
+      </div>`);
 
     const points = [...run.points.values()].sort((a, b) => a.seq - b.seq);
     const curve = (name) => points.map((p) => ({ x: p.step, y: p[name] }));
+    setHTML(detail.querySelector(".charts"), chart("loss", "loss", curve("loss")) +
+      chart("grad_norm", "grad norm", curve("grad_norm")) +
+      chart("update_norm", "update norm", curve("update_norm")));
+
+    const rows = timelineRows(run);
+    const hidden = run.omitted + Math.max(0, run.ops.size + run.ended.size + info.held.length - rows.length);
+    setHTML(detail.querySelector(".omitted"), hidden ?
+      `<p class="note">${hidden} earlier entries not shown (all operations: /_mock/trace).</p>` : "");
+    patchRows(detail.querySelector("#timeline tbody"), rows.length ? rows : [{ key: "empty",
+      html: '<tr data-key="empty"><td colspan="6" class="empty">no operation yet</td></tr>' }]);
+
     const usesByVersion = new Map();
     for (const use of run.uses.values()) {
       if (!usesByVersion.has(use.version)) usesByVersion.set(use.version, []);
@@ -369,11 +464,14 @@
       const freed = !v || v.freed ? ' <span class="hint">freed</span>' : "";
       const uses = (usesByVersion.get(n) || []).sort((a, b) => a.seq - b.seq)
         .map((u) => `<span class="chip" title="${esc(u.primitive)}">${u.primitive === "sample" ? "sample" : "logprobs"} #${u.seq}</span>`).join(" ");
-      return `<tr class="version" data-version="${n}"><td class="num">${n}</td>
+      return { key: `v:${n}`, html: `<tr class="version" data-key="v:${n}" data-version="${n}"><td class="num">${n}</td>
         <td class="num">${v ? v.step : "–"}</td><td>${saved}${freed}</td>
-        <td>${uses || '<span class="empty">none yet</span>'}</td></tr>`;
-    }).join("");
+        <td>${uses || '<span class="empty">none yet</span>'}</td></tr>` };
+    });
+    patchRows(detail.querySelector("#versions tbody"), versionRows.length ? versionRows : [{
+      key: "empty", html: '<tr data-key="empty"><td colspan="4" class="empty">none saved</td></tr>' }]);
 
+    setHTML(detail.querySelector(".samples-hint"), info.byte_model ? "decoded bytes" : "token ids");
     const samples = [...run.ops.values()].filter((op) => op.primitive === "sample" && op.previews)
       .sort((a, b) => b.seq - a.seq).slice(0, 3).map((op) => {
         const items = op.previews.map((p) => {
@@ -385,58 +483,31 @@
         return `<div class="sample" data-seq="${op.seq}"><div class="sample-head">seq ${op.seq} ·
           version ${op.version} (step ${op.step}) · ${op.num_samples} samples</div><ol>${items}</ol></div>`;
       }).join("");
+    setHTML(detail.querySelector("#samples"), samples || '<p class="empty">no sample yet</p>');
 
-    const omitted = run.omitted ? `<p class="note">${run.omitted} earlier operations not shown (see /_mock/trace).</p>` : "";
-    detail.dataset.runId = id;
-    detail.innerHTML = `
-      <div class="run-head">
-        <h2><span class="mono">${esc(id)}</span> ${badge(info.state)}</h2>
-        <div class="stats">
-          <span class="kv">model <b>${esc(info.base_model)}</b></span>
-          <span class="kv">step <b id="run-step">${info.step}</b></span>
-          <span class="kv">next seq <b id="run-next-seq">${info.next_seq}</b></span>
-          <span class="kv">operations <b>${info.operations}</b></span>
-          <span class="kv">held now <b>${info.held.length}</b></span>
-          <span class="kv">session <b class="mono">${esc(shortId(info.session_id))}</b></span>
-        </div>
-      </div>
-      <div class="charts">${chart("loss", "loss", curve("loss"))}${chart("grad_norm", "grad norm", curve("grad_norm"))}${chart("update_norm", "update norm", curve("update_norm"))}</div>
-      <div class="cols">
-        <div class="col-main">
-          <h3>Timeline <span class="hint">operations in seq order</span></h3>
-          ${omitted}
-          <div class="timeline-box"><table id="timeline"><thead><tr><th>seq</th><th>primitive</th>
-            <th>outcome</th><th>took</th><th>held</th><th>produced</th></tr></thead>
-            <tbody>${timelineRows(run) || '<tr><td colspan="6" class="empty">no operation yet</td></tr>'}</tbody></table></div>
-        </div>
-        <div class="col-side">
-          <h3>Versions <span class="hint">saved for the sampler, and who used them</span></h3>
-          <div class="versions-box"><table id="versions"><thead><tr><th>version</th><th>step</th><th>saved (UTC)</th><th>used by</th></tr></thead>
-            <tbody>${versionRows || '<tr><td colspan="4" class="empty">none saved</td></tr>'}</tbody></table></div>
-          <h3>Samples <span class="hint">${info.byte_model ? "decoded bytes" : "token ids"}</span></h3>
-          <div id="samples">${samples || '<p class="empty">no sample yet</p>'}</div>
-        </div>
-      </div>`;
-    const newBox = detail.querySelector(".timeline-box");
-    newBox.scrollTop = sameRun && !atBottom ? oldScroll : newBox.scrollHeight;
-    const versionsBox = detail.querySelector(".versions-box");
-    versionsBox.scrollTop = sameRun && !versionsAtBottom ? versionsScroll : versionsBox.scrollHeight;
+    if (atBottom) box.scrollTop = box.scrollHeight; // follow the newest unless scrolled up
+    if (versionsAtBottom) vbox.scrollTop = vbox.scrollHeight;
   }
 
-  // TTL countdowns and live hold times between polls
+  // TTL countdowns and live hold times between polls; text is written only when it changes
+  // (an unchanged page costs the browser no layout at all)
+  function setText(el, text) {
+    if (el.textContent !== text) el.textContent = text;
+  }
+
   function tick() {
     if (!key || !model.receivedAt) return;
     const bySession = new Map(model.sessions.map((s) => [s.session_id, s]));
     for (const el of document.querySelectorAll(".ttl[data-session-id]")) {
       const session = bySession.get(el.dataset.sessionId);
-      if (session) el.textContent = ttlText(session);
+      if (session) setText(el, ttlText(session));
     }
     const elapsed = performance.now() - model.receivedAt;
     for (const el of document.querySelectorAll(".holding[data-held-base]")) {
-      el.textContent = "held " + fmtMs(Number(el.dataset.heldBase) + elapsed);
+      setText(el, "held " + fmtMs(Number(el.dataset.heldBase) + elapsed));
     }
-    const age = (elapsed / 1000).toFixed(1);
-    $("whoami").textContent = `key ${mask(key)} · updated ${age} s ago`;
+    const stale = elapsed > 3 * POLL_MS ? ` · last answer ${Math.round(elapsed / 1000)} s ago` : "";
+    setText($("whoami"), `key ${mask(key)}${stale}`);
   }
 
   // -- wiring -----------------------------------------------------------------------------------
@@ -454,7 +525,7 @@
       selected = link.dataset.runId;
       render();
     });
-    setInterval(tick, 250);
+    setInterval(tick, 1000);
     if (key) start(key); else showLogin("");
   });
 })();
