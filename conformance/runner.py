@@ -144,14 +144,14 @@ class Suite:
             reply = self.wire.call("GET", "/capabilities")
         except httpx.HTTPError as exc:
             raise PreflightFailed(f"cannot reach {where} ({type(exc).__name__}: {exc}); check "
-                                  f"--base-url (the endpoint root, without {API_PREFIX})"
-                                  ) from None
+                                  f"--base-url (the endpoint root, or the root plus "
+                                  f"{API_PREFIX})") from None
         if reply.status == 401:
             raise PreflightFailed(f"{where} refused the API key (401); check --api-key or "
                                   f"WHITNEY_API_KEY")
         if reply.status == 404:
             raise PreflightFailed(f"{where} is 404; is --base-url the root of a Whitney "
-                                  f"endpoint (without {API_PREFIX})?")
+                                  f"endpoint (or the root plus {API_PREFIX})?")
         if reply.status != 200:
             raise PreflightFailed(f"GET {where} answered {reply.describe()}; the suite needs "
                                   f"200 with the capabilities (DISC-1)")

@@ -17,7 +17,7 @@ import httpx
 
 __all__ = [
     "API_PREFIX", "EMBEDDED_BASE_URL", "EMBEDDED_API_KEY", "EMBEDDED_SECOND_API_KEY",
-    "Target", "open_target", "mask_secrets",
+    "Target", "open_target", "mask_secrets", "server_root",
 ]
 
 API_PREFIX = "/v1/training"
@@ -83,6 +83,15 @@ class _Shared(httpx.BaseTransport):
         pass
 
 
+def server_root(url: str) -> str:
+    """The endpoint root of ``--base-url``: the root itself or the root plus ``/v1/training``
+    (what ``python -m mock_server`` prints), trailing slashes ignored."""
+    root = url.strip().rstrip("/")
+    if root.endswith(API_PREFIX):
+        root = root[: -len(API_PREFIX)].rstrip("/")
+    return root
+
+
 def _embedded_transport(mock_options: dict[str, Any] | None) -> httpx.BaseTransport:
     # The one import of mock_server in the package (see the module docstring).
     from mock_server import InProcessTransport, create_app
@@ -117,10 +126,7 @@ def open_target(
         if not api_key:
             raise ValueError("an API key is required with a base URL "
                              "(--api-key or WHITNEY_API_KEY)")
-        base_url = base_url.rstrip("/")
-        if base_url.endswith(API_PREFIX):
-            base_url = base_url[: -len(API_PREFIX)]
-        return Target(base_url=base_url, api_key=api_key, second_api_key=second_api_key,
+        return Target(base_url=server_root(base_url), api_key=api_key, second_api_key=second_api_key,
                       timeout=timeout, embedded=False)
     return Target(base_url=EMBEDDED_BASE_URL, api_key=EMBEDDED_API_KEY,
                   second_api_key=EMBEDDED_SECOND_API_KEY, timeout=timeout, embedded=True,

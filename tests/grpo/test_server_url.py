@@ -57,3 +57,16 @@ def test_a_connection_error_names_the_full_url() -> None:
     client.retry = type(client.retry)(max_attempts=1)
     with pytest.raises(ConnectionFailed, match="GET http://whitney.test:9/v1/training/capabilities"):
         client.capabilities()
+
+
+@pytest.mark.parametrize("given", ["http://127.0.0.1:8765", "http://127.0.0.1:8765/v1/training/"])
+def test_the_conformance_suite_takes_the_same_two_forms(given: str) -> None:
+    from conformance.target import open_target, server_root
+
+    assert server_root(given) == "http://127.0.0.1:8765"
+    target = open_target(given, "key", use_env=False)
+    assert target.base_url == "http://127.0.0.1:8765"
+    client = target.client()
+    assert str(client.build_request("GET", "/capabilities").url) == \
+        "http://127.0.0.1:8765/v1/training/capabilities"
+    target.close()
