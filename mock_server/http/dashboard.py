@@ -6,8 +6,10 @@ data (``mock_server/http/ui/``), served from memory, nothing fetched from anywhe
 Content-Security-Policy says so to the browser). The data is not public: the page asks for an
 API key once, keeps it in the tab's ``sessionStorage`` and sends it as ``Authorization:
 Bearer``; ``GET /_mock/ui/state?since=N`` answers with that key's sessions only (SEC-2), built
-by :func:`mock_server.backend.readmodel.dashboard_state`, plus the faults in force that a key
-may see: those on any run (no ``run_id``) and those on its own runs.
+by :func:`mock_server.backend.readmodel.dashboard_state`, plus the faults in force on that key's
+calls: those it armed, and those armed for every tenant (by the control key, or by any key
+before faults had owners) that name no run or one of its own runs. A fault armed by another
+key, or naming another key's run, never reaches the page.
 """
 
 from __future__ import annotations
@@ -75,16 +77,21 @@ def _since(request: Request) -> int:
 
 
 def _faults(request: Request, backend: Backend, key: str) -> list[dict[str, Any]]:
-    """The faults ``key`` may see: on any run, or on one of its own runs (SEC-2)."""
+    """The faults in force on ``key``'s calls, and only those (SEC-2, see the module doc)."""
     registry = getattr(request.app.state, "mock_faults", None)
     seen = []
     for fault in getattr(registry, "faults", ()):
+        owner = getattr(fault, "owner", None)  # the API key that armed it; None: every tenant
+        if owner is not None and owner != key:
+            continue
         run_id = fault.spec.run_id
         if run_id is not None:
             run = backend.runs.get(run_id)
             if run is None or run.key != key:
                 continue
-        seen.append(fault.view())
+        view = fault.view()
+        view.pop("owner", None)
+        seen.append(view)
     return seen
 
 

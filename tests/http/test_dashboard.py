@@ -75,29 +75,39 @@ def test_the_data_needs_a_key(ui_mock: Any) -> None:
 
 
 # -- isolation (SEC-2 in the page) ------------------------------------------------------------
+def arm(client: httpx.Client, **fault: Any) -> dict[str, Any]:
+    response = client.post("/_mock/faults", json={"kind": "latency", "delay_ms": 0, **fault})
+    assert response.status_code == 201, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
 def test_a_key_sees_only_its_own_sessions_runs_and_faults(ui_mock: Any) -> None:
     mine, theirs = ui_mock.client(KEY), ui_mock.client(OTHER_KEY)
+    # a fault for every tenant needs the control key where the mock has one
+    control_key = getattr(ui_mock.app.state, "control_key", None)
+    control = ui_mock.client(control_key) if control_key else mine
     handle = new_run(mine, ttl_seconds=600)
     handle.save(0)
-    everyone = mine.post("/_mock/faults", json={"kind": "latency", "primitive": "capabilities",
-                                                "delay_ms": 0, "count": None}).json()
-    on_my_run = mine.post("/_mock/faults", json={"kind": "latency", "primitive": "get_run",
-                                                 "run_id": handle.run_id, "delay_ms": 0}).json()
     other_handle = new_run(theirs)
+    everyone = arm(control, primitive="capabilities", count=None)
+    on_my_run = arm(mine, primitive="get_run", run_id=handle.run_id)
+    on_their_run = arm(theirs, primitive="get_run", run_id=other_handle.run_id)
 
     seen_by_them = state(theirs)
     assert [s["session_id"] for s in seen_by_them["sessions"]] == [other_handle.session_id]
     assert [r["run_id"] for r in seen_by_them["runs"]] == [other_handle.run_id]
-    assert [f["fault_id"] for f in seen_by_them["faults"]] == [everyone["fault_id"]]
+    assert [f["fault_id"] for f in seen_by_them["faults"]] == [everyone["fault_id"],
+                                                              on_their_run["fault_id"]]
     text = orjson_text(seen_by_them)
     for secret in (handle.session_id, handle.run_id, on_my_run["fault_id"]):
         assert secret not in text
 
     seen_by_me = state(mine)
     assert [s["session_id"] for s in seen_by_me["sessions"]] == [handle.session_id]
-    assert {f["fault_id"] for f in seen_by_me["faults"]} == {everyone["fault_id"],
-                                                             on_my_run["fault_id"]}
+    assert [f["fault_id"] for f in seen_by_me["faults"]] == [everyone["fault_id"],
+                                                            on_my_run["fault_id"]]
     assert other_handle.run_id not in orjson_text(seen_by_me)
+    assert on_their_run["fault_id"] not in orjson_text(seen_by_me)
 
 
 def orjson_text(data: Any) -> str:

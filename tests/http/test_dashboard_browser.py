@@ -213,7 +213,8 @@ def test_the_dashboard_shows_training_live(browser: Any, artifacts: Path) -> Non
 
         # the GRPO run's whole timeline, in seq order, exactly as the mock executed it
         select_run(driver, result.run_id)
-        trace = whitney.trace(result.run_id)[result.run_id]
+        traced = whitney.trace(result.run_id)  # the run's entries (older mocks: by run id)
+        trace = traced[result.run_id] if isinstance(traced, dict) else traced
         rows = wait_for(driver, "the finished GRPO run", lambda: js(
             driver, "return document.querySelector('#detail .badge').textContent;") ==
             "finished" and timeline(driver))
