@@ -42,6 +42,24 @@ def _matmuls(rows: int, steps: int) -> Callable[[], None]:
     return call
 
 
+def _draws(rows: int, steps: int) -> Callable[[], None]:
+    """The exact inverse-CDF draw of ``sampling.sample_rows`` for ``rows`` rows, ``steps``
+    times: exp of the (rows, K) logits, their running sum along K (VER-3 needs the partition
+    function; the draw needs the CDF) and the count below each row's threshold."""
+    k = get_base_model(BASE_MODEL_ID).spec.num_buckets
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((rows, k)) - 3.0
+    exp, cdf, uniform = np.empty((rows, k)), np.empty((rows, k)), rng.random(rows)
+
+    def call() -> None:
+        for _ in range(steps):
+            np.cumsum(np.exp(logits, out=exp), axis=1, out=cdf)
+            np.log(cdf[:, -1])
+            (cdf < (uniform * cdf[:, -1])[:, None]).sum(axis=1)
+
+    return call
+
+
 def _engine(rows: int, steps: int, prompt: list[int]) -> Callable[[], None]:
     model = get_base_model(BASE_MODEL_ID)
     lora = model.init_lora(8, 16.0, seed=1)
@@ -74,11 +92,14 @@ async def rows(cfg: Config) -> list[Row]:
                               "engine many": _engine(many, steps, prompt),
                               "engine one": _engine(1, steps, prompt),
                               "matmuls many": _matmuls(many, steps),
-                              "matmuls one": _matmuls(1, steps)}, cfg)
+                              "matmuls one": _matmuls(1, steps),
+                              "draws many": _draws(many, steps),
+                              "draws one": _draws(1, steps)}, cfg)
     finally:
         await handle.aclose()
     one = t["one"].median_s
     floor = one + max(0.0, t["matmuls many"].median_s - t["matmuls one"].median_s)
+    with_draws = floor + max(0.0, t["draws many"].median_s - t["draws one"].median_s)
     return [
         make_row(group, f"sample {many} x {steps} tok vs 1 x {steps}", t["many"].median_s, one,
                  "s", GOAL, "one request each, in-process, no stop tokens"),
@@ -89,4 +110,9 @@ async def rows(cfg: Config) -> list[Row]:
                  floor, one, "s", None,
                  f"the 1-row request plus the float64 mixer + head matmuls of {many} rows minus "
                  f"those of 1 row, over {steps} steps: the ratio with zero per-row bookkeeping"),
+        make_row(group, f"  floor + the other rows' exact draws (exp, cumsum over K, count)",
+                 with_draws, one, "s", None,
+                 "the floor plus the inverse-CDF draw of 15 more rows at every step: cumsum "
+                 "is a sequential dependency chain over K per row (latency-bound, ~3 ns per "
+                 "entry), which a bit-for-bit draw and VER-3's partition function need"),
     ]
