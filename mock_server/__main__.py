@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the whitney-kit mock of the Whitney training API over HTTP. "
                     "Everything is in memory; nothing is downloaded.",
         epilog=f"Environment: WHITNEY_MOCK_API_KEYS (comma separated keys), "
-               f"WHITNEY_MOCK_CONTROL_PLANE=1 (serve /_mock/), {ENV_BASE_MODELS} "
+               f"WHITNEY_MOCK_CONTROL_PLANE=1 (serve /_mock/), WHITNEY_MOCK_CONTROL_KEY "
+               f"(its control key), {ENV_BASE_MODELS} "
                f"(declarations separated by ';') and {ENV_BASE_MODEL_FROM} (folders "
                f"separated by ';'), both read only when no --base-model/--base-model-from "
                f"is given. Example: --base-model Qwen/Qwen3-4B:vocab_size=151936,eos=151645,"
@@ -64,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--control-plane", action="store_true",
                         default=os.environ.get("WHITNEY_MOCK_CONTROL_PLANE") == "1",
                         help="serve the /_mock/ control plane (trace, faults, reset)")
+    parser.add_argument("--control-key", default=os.environ.get("WHITNEY_MOCK_CONTROL_KEY") or None,
+                        metavar="KEY",
+                        help="bearer key of the control plane for what touches every tenant "
+                             "(reset, faults without a run, every trace); API keys reach only "
+                             "their own runs there (default: $WHITNEY_MOCK_CONTROL_KEY, else "
+                             "generated and printed at startup)")
     parser.add_argument("--base-model", action="append", dest="declarations",
                         type=lambda text: ("--base-model", text), metavar="SPEC",
                         help=f"serve this base model, declared as {DECLARATION_SYNTAX} (vocab, "
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         base_models = base_models_from(args)
         app = create_app(api_keys=keys, seed=args.seed, order_wait_ms=args.order_wait_ms,
                          cancel_delay_ms=args.cancel_delay_ms, control_plane=args.control_plane,
-                         base_models=base_models)
+                         control_key=args.control_key, base_models=base_models)
     except ValueError as exc:  # one line naming the problem, before anything is served
         print(f"whitney-mock: {exc}", file=sys.stderr)
         return 2

@@ -132,7 +132,7 @@ def test_keep_going_and_stop_on_first_failure(temporary_checks: list[str]) -> No
         raise CheckFailed("deliberate")
 
     def passes(ctx: Ctx) -> None:
-        assert ctx.caps["contract_version"] == "1.0"
+        assert ctx.caps["contract_version"] == "1.1"
 
     _register(temporary_checks, "TRANSPORT-92", "fails", fails)
     _register(temporary_checks, "TRANSPORT-93", "passes", passes)

@@ -142,7 +142,7 @@ def test_sec_2_foreign_export_and_checkpoint_read_as_unknown(mock, client, other
 # -- DISC-1 / DISC-2 --------------------------------------------------------------------------
 def test_disc_1_capabilities_document(client):
     caps = client.get(f"{API}/capabilities").json()
-    assert caps["contract_version"] == "1.0"
+    assert caps["contract_version"] == "1.1"
     assert set(caps["primitives"]) == ALL_PRIMITIVES
     assert caps["optimizers"] == ["adamw"]
     for name, spec in caps["loss_functions"].items():
@@ -171,6 +171,10 @@ def test_disc_1_capabilities_document(client):
     assert isinstance(caps["features"]["deterministic_sampling"], bool)
     assert isinstance(caps["features"]["session_ttl"], bool)
     assert isinstance(caps["features"]["logprob_tolerance"], (int, float))
+    # contract 1.1's optional features: the mock declares them all
+    for feature in ("idempotent_create", "session_listing", "seq_error_details",
+                    "exports_after_close"):
+        assert caps["features"][feature] is True
 
 
 def test_disc_1_capabilities_require_auth(mock):

@@ -290,7 +290,8 @@ def test_err_2_throttled_is_429_with_retry_after_and_not_recorded(make_mock):
     handle = new_run(client)
     handle.ok("forward_backward", FB)
     added = client.post("/_mock/faults", json={"kind": "throttle", "primitive": "optim_step",
-                                              "retry_after": 2, "count": 1})
+                                              "run_id": handle.run_id, "retry_after": 2,
+                                              "count": 1})
     assert added.status_code == 201, added.text
     before = state_snapshot(mock.backend, handle.run_id)
     throttled = handle.post("optim_step", {"adamw": ADAMW}, seq=2)

@@ -44,8 +44,9 @@ def test_life_1_create_and_get_session(client):
     response = client.post(f"{API}/sessions", json={"metadata": {"owner": "alice", "job": "x"}})
     assert response.status_code == 201
     view = response.json()
-    assert set(view) == {"session_id", "state", "created_at", "expires_at", "metadata"}
-    assert view["state"] == "open" and view["expires_at"] is None
+    # "runs": contract 1.1, LIFE-10 (optional: session_listing), which the mock declares
+    assert set(view) == {"session_id", "state", "created_at", "expires_at", "metadata", "runs"}
+    assert view["state"] == "open" and view["expires_at"] is None and view["runs"] == []
     assert view["metadata"] == {"owner": "alice", "job": "x"}
     parse_rfc3339_utc(view["created_at"])
     assert client.get(f"{API}/sessions/{view['session_id']}").json() == view

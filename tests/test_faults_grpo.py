@@ -64,8 +64,7 @@ def clean() -> dict[str, Any]:
 def assert_recovered(whitney: MockWhitney, result: TrainResult, clean: dict[str, Any]) -> None:
     assert fingerprint(result) == clean
     assert whitney.primitives(result.run_id) == EXPECTED_TRACE
-    assert {entry["status"] for entry in whitney.trace(result.run_id)[result.run_id]} \
-        == {"completed"}
+    assert {entry["status"] for entry in whitney.trace(result.run_id)} == {"completed"}
 
 
 # -- recovered transparently --------------------------------------------------------------------

@@ -165,6 +165,13 @@ def test_error_envelope_details_by_type(registry: Registry, strict_registry: Reg
         assert validator.is_valid(env("unknown_field", {"fields": ["adamw.grad_clip"]}))
         assert not validator.is_valid({"error": {"type": "x", "message": "m"}})
         assert not validator.is_valid({"error": {"type": 3, "message": "m", "details": {}}})
+        # ORD-6 (contract 1.1): typed when present
+        assert validator.is_valid(env("validation_error", {"errors": [{"loc": [], "msg": "x"}],
+                                                           "next_seq": 4, "seq_consumed": False}))
+        assert validator.is_valid(env("no_gradients", {"next_seq": 5, "seq_consumed": True}))
+        for bad in ({"next_seq": 0}, {"next_seq": "4"}, {"next_seq": 4.5},
+                    {"seq_consumed": "false"}, {"seq_consumed": 0}):
+            assert not validator.is_valid(env("no_gradients", bad)), bad
     contract = validator_at(registry, "/components/schemas/Error")
     strict = validator_at(strict_registry, "/components/schemas/Error")
     for legal in (env("validation_error", {"loc": "adamw.eps"}), env("limit_exceeded", {}),

@@ -36,10 +36,11 @@ def test_spec_is_valid_openapi_3_1(spec: dict[str, Any]) -> None:
 
 
 def test_info_version_matches_contract_version(spec: dict[str, Any]) -> None:
-    """DISC-1: ``contract_version`` is "1.0"; the document's version says the same."""
-    assert spec["info"]["version"] == "1.0"
+    """DISC-1: the document is contract 1.1; ``contract_version`` is "1.1", or "1.0" for a
+    server of the previous version (held to 1.0's rules, declaring no 1.1 feature)."""
+    assert spec["info"]["version"] == spec["info"]["x-contract-version"] == "1.1"
     caps = spec["components"]["schemas"]["Capabilities"]["properties"]["contract_version"]
-    assert caps["const"] == spec["info"]["version"]
+    assert caps["enum"] == ["1.0", spec["info"]["version"]]
 
 
 def test_every_contract_rule_id_appears_in_the_spec(spec_text: str, contract: str) -> None:
@@ -332,6 +333,10 @@ def test_capabilities_schema_lists_exactly_the_disc_1_fields(
     schemas = spec["components"]["schemas"]
     assert len(limits) == 11 and len(features) == 3 and len(base) == 5
     optional = {"BaseModel": ["bos_token_id"]}  # added under EXT-1 (contract-changes 3.4b)
+    # contract 1.1's optional features (section 7 of the prose contract): never required
+    optional["Features"] = re.findall(r"\(optional: (\w+)\)", contract[contract.index("## 7."):])
+    assert sorted(optional["Features"]) == ["exports_after_close", "idempotent_create",
+                                            "seq_error_details", "session_listing"]
     for name, fields in [("Limits", limits), ("Features", features), ("BaseModel", base),
                          ("Capabilities", top)]:
         assert sorted(schemas[name]["required"]) == sorted(fields), name

@@ -107,7 +107,7 @@ def test_cli_help_is_complete() -> None:
     out = subprocess.run([sys.executable, "-m", "mock_server", "--help"], capture_output=True,
                          text=True, check=True).stdout
     for option in ("--host", "--port", "--api-key", "--seed", "--order-wait-ms",
-                   "--cancel-delay-ms", "--control-plane", "--log-level"):
+                   "--cancel-delay-ms", "--control-plane", "--control-key", "--log-level"):
         assert option in out
 
 
@@ -121,7 +121,8 @@ def test_cli_at_log_level_info_logs_each_request() -> None:
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "mock_server", "--port", str(port), "--log-level", "info",
-         "--control-plane"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "--control-plane", "--control-key", "cli-control"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
     try:
         base = f"http://127.0.0.1:{port}"
         headers = {"Authorization": "Bearer whitney-mock-key", "X-Request-Id": "cli-check"}
@@ -134,7 +135,8 @@ def test_cli_at_log_level_info_logs_each_request() -> None:
                 assert process.poll() is None and time.monotonic() < deadline, "no server"
                 time.sleep(0.05)
         assert response.status_code == 200
-        httpx.post(f"{base}/_mock/faults", headers=headers,
+        control = {**headers, "Authorization": "Bearer cli-control"}  # a fault on every call
+        httpx.post(f"{base}/_mock/faults", headers=control,
                    json={"kind": "throttle", "primitive": "capabilities"})
         assert httpx.get(f"{base}{API}/capabilities", headers=headers).status_code == 429
     finally:

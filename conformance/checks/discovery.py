@@ -23,6 +23,12 @@ CONTRACT_INPUTS = {
     "cispo": (["target_tokens", "logprobs", "advantages"], ["mask"]),
     "dro": (["target_tokens", "logprobs", "advantages"], ["mask"]),
 }
+#: ``contract_version`` values a server may announce: a "1.0" server is held to 1.0's rules where
+#: 1.1 changed them (numbers by value) and declares none of 1.1's optional features.
+CONTRACT_VERSIONS = ("1.0", "1.1")
+#: Contract 1.1's optional features (booleans; absent means false).
+OPTIONAL_FEATURES = ("idempotent_create", "session_listing", "seq_error_details",
+                     "exports_after_close")
 LIMIT_KEYS = ("max_body_bytes", "max_datums_per_request", "max_tokens_per_request",
               "max_num_samples", "max_sample_tokens", "order_wait_ms", "max_sessions",
               "max_runs_per_session", "max_versions_per_run", "min_ttl_seconds",
@@ -64,8 +70,9 @@ def validate_capabilities(caps: Any) -> list[str]:
     if not isinstance(caps, dict):
         return ["capabilities body is not a JSON object"]
     problems: list[str] = []
-    if caps.get("contract_version") != "1.0":
-        problems.append(f"contract_version is {caps.get('contract_version')!r}, expected '1.0'")
+    if caps.get("contract_version") not in CONTRACT_VERSIONS:
+        problems.append(f"contract_version is {caps.get('contract_version')!r}, expected one of "
+                        f"{', '.join(repr(v) for v in CONTRACT_VERSIONS)}")
     primitives = caps.get("primitives")
     if not isinstance(primitives, list):
         problems.append("primitives is not a list")
@@ -121,6 +128,11 @@ def validate_capabilities(caps: Any) -> list[str]:
     for key in ("deterministic_sampling", "session_ttl"):
         if not isinstance(features.get(key), bool):
             problems.append(f"features.{key} is {features.get(key)!r}, expected a boolean")
+    for key in OPTIONAL_FEATURES:  # contract 1.1: absent means false
+        if key in features and not isinstance(features[key], bool):
+            problems.append(f"features.{key} is {features[key]!r}, expected a boolean")
+    if caps.get("contract_version") == "1.0" and any(features.get(k) for k in OPTIONAL_FEATURES):
+        problems.append("contract_version '1.0' with a feature of contract 1.1 declared")
     tol = features.get("logprob_tolerance")
     if not _is_number(tol) or not tol >= 0:
         problems.append(f"features.logprob_tolerance is {tol!r}, expected a number >= 0")

@@ -15,8 +15,8 @@ __all__ = ["API_PREFIX", "CONTRACT_VERSION", "DEFAULT_API_KEY", "Features", "Lim
 API_PREFIX = "/v1/training"
 #: The key a mock accepts when none is configured (CLI, fixtures, ``create_app``).
 DEFAULT_API_KEY = "whitney-mock-key"
-#: ``contract_version`` of the capabilities document.
-CONTRACT_VERSION = "1.0"
+#: ``contract_version`` of the capabilities document (1.1: the optional features below).
+CONTRACT_VERSION = "1.1"
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,23 @@ class Limits:
 
 @dataclass(frozen=True)
 class Features:
-    """The ``features`` object of the capabilities document."""
+    """The ``features`` object of the capabilities document.
+
+    Contract 1.1 adds four optional features (absent means false); the mock declares and
+    implements all of them, and behaves as a 1.0 server for any one switched off:
+    ``idempotent_create`` (LIFE-9, ``Idempotency-Key`` on creations), ``session_listing``
+    (LIFE-10, ``GET /sessions`` and the session view's ``runs``), ``seq_error_details`` (ORD-6,
+    ``details.next_seq`` / ``details.seq_consumed`` on primitive errors) and
+    ``exports_after_close`` (EXPORT-2, exports downloadable while the session is retained).
+    """
 
     deterministic_sampling: bool = True
     session_ttl: bool = True
     logprob_tolerance: float = 1e-6
+    idempotent_create: bool = True
+    session_listing: bool = True
+    seq_error_details: bool = True
+    exports_after_close: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from .config import Limits
+from .config import Features, Limits
 from .errors import Conflict, NotFound, WhitneyError
 from .records import Held, HoldEnded, Operation, Outcome, Run, Thunk
 from .schemas import INT64_MAX
@@ -34,6 +34,7 @@ class Ordering:
     """Ordered execution of one run's primitives; a base of ``Backend``."""
 
     limits: Limits
+    features: Features
 
     async def _submit(self, run: Run, seq: int, primitive: str, digest: bytes,
                       prepare: Callable[[], Thunk]) -> Outcome:
@@ -107,11 +108,13 @@ class Ordering:
             status, payload = 200, orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
         except WhitneyError as exc:  # a state failure at its turn: recorded (ORD-4)
             self._on_failure(run, exc)
+            exc.details.update(self._seq_state(run, consumed=True, next_seq=seq + 1))  # ORD-6
             status, payload = exc.status, orjson.dumps(exc.envelope())
         except Exception:  # a mock bug: answer 500 but keep the sequence moving
             logger.exception("primitive %s seq %d of run %s crashed", primitive, seq, run.run_id)
-            status, payload = 500, orjson.dumps(WhitneyError("the mock hit an internal error "
-                                                             "executing this primitive").envelope())
+            crash = WhitneyError("the mock hit an internal error executing this primitive",
+                                 details=self._seq_state(run, consumed=True, next_seq=seq + 1))
+            status, payload = 500, orjson.dumps(crash.envelope())
         # orjson hands back its whole write buffer; copy to keep each record at its size.
         operation = Operation(seq, primitive, digest, status, bytes(memoryview(payload)),
                               (time.perf_counter() - started) * 1000)
@@ -145,7 +148,24 @@ class Ordering:
             if not entry.future.done():
                 entry.future.set_exception(Conflict(message, type=error_type))
 
+    def with_seq_state(self, run: Run, error: WhitneyError) -> WhitneyError:
+        """ORD-6: ``error``, refused before its turn (nothing recorded), with where the run's
+        sequence stands: ``details.next_seq`` and ``details.seq_consumed`` false. Keys already
+        there (``seq_gap``'s ``expected_seq``) are kept."""
+        for name, value in self._seq_state(run, consumed=False).items():
+            error.details.setdefault(name, value)
+        return error
+
     # -- seams: one rule each, trivial in the faithful backend ----------------------------
+    def _seq_state(self, run: Run, *, consumed: bool, next_seq: int | None = None
+                   ) -> dict[str, Any]:
+        """ORD-6 (optional: seq_error_details): what every primitive error says about the
+        sequence: the seq to send next, and whether this request's seq was recorded."""
+        if not self.features.seq_error_details:
+            return {}
+        return {"next_seq": run.next_seq if next_seq is None else next_seq,
+                "seq_consumed": consumed}
+
     def _is_turn(self, run: Run, seq: int) -> bool:
         """ORD-2: a request executes when its seq is the run's ``next_seq``."""
         return seq == run.next_seq

@@ -24,8 +24,8 @@ from ..engine.model import BaseModel as BaseLM
 from ..engine.optim import AdamWState
 from ..engine.specs import Lora
 
-__all__ = ["EVENTS_KEPT", "TERMINAL", "Checkpoint", "Export", "Held", "HoldEnded", "Operation",
-           "Outcome", "Run", "Session", "Thunk", "Version", "iso", "next_rev"]
+__all__ = ["EVENTS_KEPT", "TERMINAL", "Checkpoint", "Creation", "Export", "Held", "HoldEnded",
+           "Operation", "Outcome", "Run", "Session", "Thunk", "Version", "iso", "next_rev"]
 
 #: Run states a run never leaves (LIFE-8).
 TERMINAL = frozenset({"finished", "cancelled", "failed"})
@@ -128,6 +128,19 @@ class Export:
 
 
 @dataclass
+class Creation:
+    """A creation remembered under its ``Idempotency-Key`` (LIFE-9): the request's scope
+    (``POST /sessions`` or ``POST /sessions/{sid}/runs``) and body digest, and the 201 body it
+    was answered, replayed byte for byte. Kept as long as ``session_id`` (the created session,
+    or the session the run was created in) is remembered."""
+
+    scope: str
+    digest: bytes
+    payload: bytes
+    session_id: str
+
+
+@dataclass
 class Session:
     session_id: str
     key: str
@@ -137,6 +150,9 @@ class Session:
     metadata: dict[str, str]
     state: str = "open"
     run_ids: list[str] = field(default_factory=list)
+    ordinal: int = 0  # creation order, for LIFE-10's newest-first listing and its cursor
+    # (API key, Idempotency-Key) of the creations remembered with this session (LIFE-9)
+    creation_keys: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass

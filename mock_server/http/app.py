@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from os import PathLike
+import secrets
 from typing import Any
 
 from starlette.applications import Starlette
@@ -32,7 +33,8 @@ __all__ = ["create_app"]
 def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
                limits: Limits | dict[str, Any] | None = None, order_wait_ms: int | None = None,
                cancel_delay_ms: int = 50, features: Features | None = None,
-               control_plane: bool = False, violations: Iterable[str] = frozenset(),
+               control_plane: bool = False, control_key: str | None = None,
+               violations: Iterable[str] = frozenset(),
                clock: Callable[[], float] | None = None, closed_retention: int = 256,
                base_models: Iterable[ModelSpec | str | Mapping[str, Any] | PathLike[str]]
                | None = None,
@@ -44,7 +46,9 @@ def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
     ``api_keys``: accepted bearer keys (each its own tenant, SEC-2). ``seed``: ids and unseeded
     sampling. ``limits``: a ``Limits`` or a dict of overrides; ``order_wait_ms`` overrides
     ``limits.order_wait_ms`` (ORD-2). ``cancel_delay_ms``: time spent in ``cancelling``
-    (LIFE-7). ``control_plane``: serve ``/_mock/`` (trace, faults, reset). ``closed_retention``:
+    (LIFE-7). ``control_plane``: serve ``/_mock/`` (trace, faults, reset); ``control_key``: the
+    bearer key for what touches every tenant there (reset, faults without a run), never an API
+    key; generated when not given (``app.state.control_key``). ``closed_retention``:
     how many closed or expired sessions stay readable (their weights are freed at once; older
     ones are forgotten, so memory stays flat). ``clock``: a ``time.time``-like callable for
     tests.
@@ -73,7 +77,8 @@ def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
         return create_app_with(
             violations=violations, api_keys=api_keys, seed=seed, limits=limits,
             order_wait_ms=order_wait_ms, cancel_delay_ms=cancel_delay_ms, features=features,
-            control_plane=control_plane, clock=clock, closed_retention=closed_retention,
+            control_plane=control_plane, control_key=control_key, clock=clock,
+            closed_retention=closed_retention,
             base_models=declared)
     base_limits = limits if isinstance(limits, Limits) else Limits().with_overrides(limits)
     if order_wait_ms is not None:
@@ -88,7 +93,11 @@ def create_app(*, api_keys: Iterable[str] = (DEFAULT_API_KEY,), seed: int = 0,
         routes += control_routes() + dashboard_routes()  # /_mock/ui: the live dashboard
     app = Starlette(routes=routes,
                     exception_handlers={WhitneyError: whitney_error, HTTPException: http_error})
+    app.router.redirect_slashes = False  # a trailing slash is 404 in the envelope, not a 307
     app.state.backend = backend
+    # The control plane's own key (what touches every tenant: reset, faults without a run):
+    # given, or generated per app; MockWhitney reads it from here.
+    app.state.control_key = (control_key or secrets.token_urlsafe(24)) if control_plane else None
     app.state.body_reader = body_reader
     for extra in reversed(middleware):  # add_middleware wraps: the first given ends up outer
         app.add_middleware(extra.cls, *extra.args, **extra.kwargs)

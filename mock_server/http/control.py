@@ -1,16 +1,29 @@
 """The mock's control plane under ``/_mock/`` (contract §5): trace, faults, reset.
 
-Not part of the Whitney contract, off unless ``create_app(control_plane=True)``, and behind the
-same bearer auth as the contract (SEC-1). The fault kinds and how they match calls are described
-in :mod:`mock_server.http.faults`; ``openapi.yaml`` (tag ``mock-control-plane``) has the bodies.
+Not part of the Whitney contract, off unless ``create_app(control_plane=True)``. The fault kinds
+and how they match calls are described in :mod:`mock_server.http.faults`; ``openapi.yaml`` (tag
+``mock-control-plane``) has the bodies.
 
 - ``GET /_mock/trace[?run_id=]``  executed primitives per run, in seq order (ORD-4 records);
 - ``GET|POST|DELETE /_mock/faults`` list, arm, clear faults;
 - ``POST /_mock/reset``            forget all state and faults, optionally reconfigure.
+
+Tenancy (SEC-2 holds here too): two kinds of bearer key are accepted.
+
+- An ordinary API key reaches only its own runs: the trace lists its runs, a fault it arms
+  must name one of its runs (``run_id``; another key's run or an unknown one is 404, as on the
+  contract's paths) and fires only on that key's own calls, and listing or clearing faults
+  sees only those. Anything that touches every tenant answers 403 ``control_key_required``.
+- The control key (``create_app(control_key=...)``, ``--control-key`` /
+  ``WHITNEY_MOCK_CONTROL_KEY``; generated per app when not given, ``app.state.control_key``,
+  and used by ``MockWhitney`` and the fixtures) sees and may do everything: every run's trace,
+  faults on any call (with or without ``run_id``), ``reset`` and its configuration overrides.
+  It is not an API key: the contract's paths answer it 401.
 """
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated, Any
 
 from pydantic import Field
@@ -20,10 +33,10 @@ from starlette.routing import Route
 
 from ..backend import schemas
 from ..backend.config import Limits
-from ..backend.errors import NotFound, ValidationFailed
+from ..backend.errors import NotFound, ValidationFailed, WhitneyError
 from ..backend.state import Backend
 from .endpoints import read_body
-from .faults import FaultMiddleware, FaultRegistry, parse_fault
+from .faults import Fault, FaultMiddleware, FaultRegistry, parse_fault
 from .responses import json_response
 
 __all__ = ["control_routes", "install_faults"]
@@ -49,10 +62,42 @@ class ResetBody(schemas.Body):
     cancel_delay_ms: Annotated[int, Field(ge=0, le=600_000)] | None = None
 
 
-def _authorized(request: Request) -> tuple[Backend, FaultRegistry]:
+def is_control_key(request: Request) -> bool:
+    """Whether the request's bearer token is the app's control key (constant time)."""
+    control_key: str | None = getattr(request.app.state, "control_key", None)
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    return (control_key is not None and scheme.lower() == "bearer"
+            and hmac.compare_digest(token.strip().encode(), control_key.encode()))
+
+
+def _authorized(request: Request) -> tuple[Backend, FaultRegistry, str | None]:
+    """The backend, the fault registry and the caller: ``None`` for the control key, else the
+    API key (SEC-1: 401 for anything else)."""
     backend: Backend = request.app.state.backend
-    backend.authenticate(request.headers.get("authorization"))  # SEC-1 applies here too
-    return backend, request.app.state.mock_faults
+    caller = None
+    if not is_control_key(request):
+        caller = backend.authenticate(request.headers.get("authorization"))
+    return backend, request.app.state.mock_faults, caller
+
+
+def _needs_control_key(what: str) -> WhitneyError:
+    return WhitneyError(f"{what} touches every tenant: it needs the control key (--control-key / "
+                        f"WHITNEY_MOCK_CONTROL_KEY; MockWhitney and the fixtures use it), not an "
+                        f"API key, which reaches only its own runs", type="control_key_required",
+                        status=403)
+
+
+def _own_run(backend: Backend, caller: str | None, run_id: str) -> None:
+    """404 unless ``run_id`` exists and, for an API key, is its own (SEC-2, as on the
+    contract's paths)."""
+    run = backend.runs.get(run_id)
+    if run is None or (caller is not None and run.key != caller):
+        raise NotFound(f"run {run_id!r} not found")
+
+
+def _visible(backend: Backend, caller: str | None, fault: Fault) -> bool:
+    """A fault an API key may see: one it armed (on its own run)."""
+    return caller is None or fault.owner == caller
 
 
 async def _payload(request: Request) -> Any:
@@ -60,39 +105,53 @@ async def _payload(request: Request) -> Any:
 
 
 async def trace(request: Request) -> Response:
-    """``GET /_mock/trace[?run_id=]``: executed primitives per run, in seq order."""
-    backend, _ = _authorized(request)
+    """``GET /_mock/trace[?run_id=]``: executed primitives per run, in seq order (the caller's
+    runs; every run for the control key)."""
+    backend, _, caller = _authorized(request)
     run_id = request.query_params.get("run_id")
-    if run_id is not None and run_id not in backend.runs:
-        raise NotFound(f"run {run_id!r} not found")
-    return json_response({"runs": backend.trace(run_id)})
+    if run_id is not None:
+        _own_run(backend, caller, run_id)
+    return json_response({"runs": backend.trace(run_id, key=caller)})
 
 
 async def list_faults(request: Request) -> Response:
-    """``GET /_mock/faults``: every fault added since the last reset, with its counters."""
-    _, registry = _authorized(request)
-    return json_response({"faults": [f.view() for f in registry.faults]})
+    """``GET /_mock/faults``: every fault added since the last reset, with its counters (an API
+    key sees the faults it armed)."""
+    backend, registry, caller = _authorized(request)
+    return json_response({"faults": [f.view() for f in registry.faults
+                                     if _visible(backend, caller, f)]})
 
 
 async def add_fault(request: Request) -> Response:
-    """``POST /_mock/faults``: register one fault (201 with its view)."""
-    _, registry = _authorized(request)
-    fault = registry.add(parse_fault(await _payload(request)))
+    """``POST /_mock/faults``: register one fault (201 with its view). An API key may arm
+    faults on its own runs only (they then fire on its own calls only)."""
+    backend, registry, caller = _authorized(request)
+    spec = parse_fault(await _payload(request))
+    if caller is not None:
+        if spec.run_id is None:
+            raise _needs_control_key("a fault without run_id")
+        _own_run(backend, caller, spec.run_id)
+    fault = registry.add(spec, owner=caller)
     return json_response(fault.view(), 201)
 
 
 async def clear_faults(request: Request) -> Response:
-    """``DELETE /_mock/faults``: forget every fault; state is untouched."""
-    _, registry = _authorized(request)
-    cleared = len(registry.faults)
-    registry.faults.clear()
+    """``DELETE /_mock/faults``: forget every fault (an API key: the faults it armed); state is
+    untouched."""
+    backend, registry, caller = _authorized(request)
+    kept = [f for f in registry.faults if not _visible(backend, caller, f)]
+    cleared = len(registry.faults) - len(kept)
+    registry.faults[:] = kept
     return json_response({"cleared": cleared})
 
 
 async def reset(request: Request) -> Response:
     """``POST /_mock/reset``: forget all state and faults; fields given replace the app's
-    initial configuration (limits are overrides of the initial limits) until the next reset."""
-    backend, registry = _authorized(request)
+    initial configuration (limits are overrides of the initial limits) until the next reset.
+    Control key only."""
+    backend, registry, caller = _authorized(request)
+    if caller is not None:
+        raise _needs_control_key("reset")
     body = schemas.validate(ResetBody, await _payload(request))
     initial = registry.initial
     base_limits: Limits = initial["limits"]

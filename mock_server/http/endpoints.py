@@ -16,13 +16,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..backend import schemas
-from ..backend.errors import BodyTooLarge, WhitneyError
+from ..backend.config import API_PREFIX
+from ..backend.errors import BodyTooLarge, ValidationFailed, WhitneyError
 from ..backend.primitives import PRIMITIVES
-from ..backend.state import Backend
+from ..backend.state import LIST_LIMIT_DEFAULT, Backend
 from .responses import error_response, json_response
 
-__all__ = ["BodyReader", "http_error", "primitive_endpoint", "read_json", "read_body",
-           "whitney_error"]
+__all__ = ["BodyReader", "IDEMPOTENCY_KEY_MAX", "http_error", "idempotency_key",
+           "primitive_endpoint", "read_json", "read_body", "whitney_error"]
+
+#: LIFE-9: the longest ``Idempotency-Key`` accepted (visible ASCII, 1 to this many characters).
+IDEMPOTENCY_KEY_MAX = 255
+#: LIFE-10: the query parameters of ``GET /sessions``.
+LIST_PARAMETERS = ("state", "metadata_key", "metadata_value", "limit", "cursor")
 
 #: ``read(raw, model) -> payload``: a request body's bytes to the JSON value validated against
 #: ``model`` (the model lets a reader treat request types differently).
@@ -41,11 +47,30 @@ async def whitney_error(request: Request, exc: Exception) -> Response:
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 in the envelope, not plain text (ERR-1)."""
+    """Starlette's own 404/405 in the envelope, not plain text (ERR-1). The app does not
+    redirect a trailing slash (no empty-bodied 307): it answers 404 here, naming the path
+    without the slash when that one exists."""
     assert isinstance(exc, HTTPException)
     kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(WhitneyError(str(exc.detail), type=kind, status=exc.status_code),
+    message = str(exc.detail)
+    path = request.url.path
+    if exc.status_code == 404:
+        message = f"no route {request.method} {path}"
+        bare = path.rstrip("/")
+        if bare != path and bare and _routed(request, bare):
+            message += f" (no trailing slash: {bare})"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {path}"
+    return error_response(WhitneyError(message, type=kind, status=exc.status_code),
                           exc.headers)
+
+
+def _routed(request: Request, path: str) -> bool:
+    """Whether any route of the app serves ``path`` (for any method)."""
+    from starlette.routing import Match
+
+    scope = {**request.scope, "path": path}
+    return any(route.matches(scope)[0] is not Match.NONE for route in request.app.routes)
 
 
 def _backend(request: Request) -> Backend:
@@ -93,6 +118,37 @@ async def _body(request: Request, model: type[schemas.Body]) -> tuple[Any, bytes
     return schemas.validate(model, payload), schemas.canonical_digest(payload)
 
 
+def idempotency_key(request: Request) -> str | None:
+    """LIFE-9: the request's ``Idempotency-Key`` (None when absent): once, visible ASCII, 1 to
+    ``IDEMPOTENCY_KEY_MAX`` characters, else 422."""
+    values = request.headers.getlist("idempotency-key")
+    if not values:
+        return None
+    problem = None
+    if len(values) > 1:
+        problem = "Idempotency-Key was sent more than once"
+    elif not 1 <= len(values[0]) <= IDEMPOTENCY_KEY_MAX:
+        problem = f"Idempotency-Key must have 1 to {IDEMPOTENCY_KEY_MAX} characters"
+    elif not all(0x21 <= ord(ch) <= 0x7E for ch in values[0]):
+        problem = "Idempotency-Key must be visible ASCII (no spaces or control characters)"
+    if problem is not None:
+        raise ValidationFailed(problem, details={
+            "errors": [{"loc": ["header", "Idempotency-Key"], "msg": problem}]})
+    return values[0]
+
+
+async def _create(request: Request, model: type[schemas.Body], scope: str,
+                  create: Callable[[str, Any], dict[str, Any]]) -> Response:
+    """LIFE-1 / LIFE-5 with LIFE-9: validate, then create once per ``Idempotency-Key``."""
+    key = _key(request)
+    once = idempotency_key(request)
+    body, digest = await _body(request, model)
+    content, replayed = _backend(request).create_once(
+        key=key, idempotency_key=once, scope=scope, digest=digest,
+        create=lambda: create(key, body))
+    return json_response(content, 201, {"Whitney-Replayed": "true"} if replayed else None)
+
+
 # -- discovery and lifecycle ----------------------------------------------------------------
 async def capabilities(request: Request) -> Response:
     _key(request)
@@ -100,9 +156,41 @@ async def capabilities(request: Request) -> Response:
 
 
 async def create_session(request: Request) -> Response:
+    backend = _backend(request)
+    return await _create(request, schemas.CreateSession, "POST /sessions",
+                         lambda key, body: backend.create_session(key=key, body=body))
+
+
+async def list_sessions(request: Request) -> Response:
+    """LIFE-10 (optional: session_listing): ``GET /sessions``."""
     key = _key(request)
-    body, _ = await _body(request, schemas.CreateSession)
-    return json_response(_backend(request).create_session(key=key, body=body), 201)
+    backend = _backend(request)
+    if not backend.features.session_listing:
+        raise WhitneyError(f"GET {API_PREFIX}/sessions is not served here "
+                           f"(features.session_listing is false)", type="method_not_allowed",
+                           status=405)
+    items = request.query_params.multi_items()
+    unknown = sorted({name for name, _ in items if name not in LIST_PARAMETERS})
+    if unknown:
+        raise ValidationFailed(f"unknown query parameter(s): {', '.join(unknown)}; known: "
+                               f"{', '.join(LIST_PARAMETERS)}", type="unknown_field",
+                               details={"fields": unknown})
+    params: dict[str, str] = {}
+    for name, value in items:
+        if name in params:
+            raise ValidationFailed(f"query parameter {name} given twice", details={
+                "errors": [{"loc": ["query", name], "msg": "given twice"}]})
+        params[name] = value
+    limit = LIST_LIMIT_DEFAULT
+    if "limit" in params:
+        if not (params["limit"].isascii() and params["limit"].isdigit()):
+            raise ValidationFailed(f"limit must be a decimal integer, got {params['limit']!r}",
+                                   details={"errors": [{"loc": ["query", "limit"],
+                                                        "msg": "not a decimal integer"}]})
+        limit = int(params["limit"]) if len(params["limit"]) < 10 else 10**9
+    return json_response(backend.list_sessions(
+        key=key, state=params.get("state"), metadata_key=params.get("metadata_key"),
+        metadata_value=params.get("metadata_value"), limit=limit, cursor=params.get("cursor")))
 
 
 async def get_session(request: Request) -> Response:
@@ -126,10 +214,11 @@ async def close_session(request: Request) -> Response:
 
 
 async def create_run(request: Request) -> Response:
-    key = _key(request)
-    body, _ = await _body(request, schemas.CreateRun)
-    return json_response(_backend(request).create_run(
-        key=key, session_id=request.path_params["session_id"], body=body), 201)
+    backend = _backend(request)
+    session_id = request.path_params["session_id"]
+    return await _create(request, schemas.CreateRun, f"POST /sessions/{session_id}/runs",
+                         lambda key, body: backend.create_run(key=key, session_id=session_id,
+                                                              body=body))
 
 
 async def get_run(request: Request) -> Response:
@@ -175,8 +264,11 @@ def primitive_endpoint(primitive: str) -> Callable[[Request], Awaitable[Response
         key = _key(request)
         run_id = request.path_params["run_id"]
         backend = _backend(request)
-        backend.owned_run(key, run_id)  # 404 before the body is read
-        body, digest = await _body(request, model)
+        run = backend.owned_run(key, run_id)  # 404 before the body is read
+        try:
+            body, digest = await _body(request, model)
+        except WhitneyError as exc:  # 400, 413, 422: refused before its turn (ORD-6)
+            raise backend.with_seq_state(run, exc) from None
         outcome = await backend.submit(key=key, run_id=run_id, primitive=primitive, body=body,
                                        digest=digest)
         headers = {"Whitney-Replayed": "true"} if outcome.replayed else None

@@ -36,6 +36,7 @@ delay, the first other fault that fires answers the call.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -122,12 +123,17 @@ def parse_fault(payload: Any) -> Any:
     """Validate a ``POST /_mock/faults`` body; 422 in the envelope for anything wrong."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
     if kind not in FAULT_KINDS:
-        raise ValidationFailed(f"kind must be one of {list(FAULT_KINDS)}, got {kind!r}",
+        close = difflib.get_close_matches(str(kind), list(FAULT_KINDS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValidationFailed(f"kind must be one of {', '.join(FAULT_KINDS)}, got {kind!r}{hint}",
                                details={"loc": "kind", "kinds": list(FAULT_KINDS)})
     spec = schemas.validate(FAULT_KINDS[kind].model, payload)
     if spec.primitive is not None and spec.primitive not in TARGETS:
+        close = difflib.get_close_matches(spec.primitive, sorted(TARGETS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValidationFailed(f"primitive {spec.primitive!r} is not a primitive or endpoint "
-                               f"name", details={"loc": "primitive", "known": sorted(TARGETS)})
+                               f"name; {hint}valid names: {', '.join(sorted(TARGETS))}",
+                               details={"loc": "primitive", "known": sorted(TARGETS)})
     if spec.primitive is None and kind != "fail_run":
         raise ValidationFailed(f"a {kind} fault needs 'primitive' (which calls it affects)",
                                details={"loc": "primitive"})
@@ -145,6 +151,7 @@ class Fault:
     spec: Any
     seed: int
     remaining: int | None
+    owner: str | None = None  # the API key that armed it (fires on its calls only) or None
     rng: random.Random = field(init=False)
     seen: int = 0
     fired: int = 0
@@ -156,9 +163,12 @@ class Fault:
     def kind(self) -> str:
         return str(self.spec.kind)
 
-    def matches(self, name: str, run_id: str | None) -> bool:
+    def matches(self, name: str, run_id: str | None, caller: Callable[[], str | None]) -> bool:
+        """Whether this fault applies to a call of route ``name`` on ``run_id``; ``caller()``
+        is the call's API key, asked only for a fault armed by an API key."""
         return (self.remaining != 0 and self.spec.primitive == name
-                and (self.spec.run_id is None or self.spec.run_id == run_id))
+                and (self.spec.run_id is None or self.spec.run_id == run_id)
+                and (self.owner is None or caller() == self.owner))
 
     def trigger(self) -> bool:
         """Count one matching call; True when the fault fires on it."""
@@ -188,12 +198,13 @@ class FaultRegistry:
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep  # swapped by tests: no timing
     _counter: int = 0
 
-    def add(self, spec: Any) -> Fault:
+    def add(self, spec: Any, owner: str | None = None) -> Fault:
+        """Register ``spec``; ``owner``: the API key arming it (None: the control key)."""
         if spec.kind == "fail_run" and spec.run_id not in self.backend.runs:
             raise NotFound(f"run {spec.run_id!r} not found")
         self._counter += 1
         seed = self.backend.seed if spec.seed is None else spec.seed
-        fault = Fault(f"fault_{self._counter:04d}", spec, seed, spec.count)
+        fault = Fault(f"fault_{self._counter:04d}", spec, seed, spec.count, owner)
         if spec.kind == "fail_run":
             if spec.primitive is None:  # immediate
                 self.backend.fail_run(run_id=spec.run_id, reason=spec.reason)
@@ -202,11 +213,23 @@ class FaultRegistry:
         self.faults.append(fault)
         return fault
 
-    def select(self, name: str, run_id: str | None) -> tuple[int, Fault | None]:
-        """Total latency (ms) and the answering fault, if any, for one call."""
+    def select(self, name: str, run_id: str | None,
+               authorization: str | None = None) -> tuple[int, Fault | None]:
+        """Total latency (ms) and the answering fault, if any, for one call (``authorization``:
+        its header, read only when a fault armed by an API key could match)."""
         delay_ms, chosen = 0, None
+        found: list[str | None] = []
+
+        def caller() -> str | None:
+            if not found:
+                try:
+                    found.append(self.backend.authenticate(authorization))
+                except WhitneyError:
+                    found.append(None)
+            return found[0]
+
         for fault in self.faults:
-            if not fault.matches(name, run_id):
+            if not fault.matches(name, run_id, caller):
                 continue
             if FAULT_KINDS[fault.kind].answer is None:  # latency: delays, never answers
                 if fault.trigger():
@@ -258,7 +281,9 @@ class FaultMiddleware:
         if target is None:
             await self.app(scope, receive, send)
             return
-        delay_ms, fault = self.registry.select(*target)
+        authorization = next((value.decode("latin-1") for name, value in scope["headers"]
+                              if name == b"authorization"), None)
+        delay_ms, fault = self.registry.select(*target, authorization)
         if delay_ms:
             await self.registry.sleep(delay_ms / 1000)
         answer = None if fault is None else FAULT_KINDS[fault.kind].answer

@@ -48,6 +48,7 @@ ROUTES: list[RouteSpec] = [
       for name in PRIMITIVES),
     RouteSpec("capabilities", "GET", "/capabilities", endpoints.capabilities),
     RouteSpec("create_session", "POST", "/sessions", endpoints.create_session),
+    RouteSpec("list_sessions", "GET", "/sessions", endpoints.list_sessions),
     RouteSpec("get_session", "GET", "/sessions/{session_id}", endpoints.get_session),
     RouteSpec("heartbeat", "POST", "/sessions/{session_id}/heartbeat", endpoints.heartbeat),
     RouteSpec("close_session", "POST", "/sessions/{session_id}/close", endpoints.close_session),

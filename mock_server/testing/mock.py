@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Mapping
 from os import PathLike
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 import httpx
 
@@ -114,7 +114,10 @@ class MockWhitney:
         self._timeout = timeout
         self._clients: list[httpx.Client] = []
         self.api_keys: tuple[str, ...] = tuple(api_keys)
-        self._control = self.new_client()
+        #: The control plane's own key (reset, faults on any call, every tenant's trace); the
+        #: methods below use it. Not an API key: the contract's paths answer it 401.
+        self.control_key: str = app.state.control_key
+        self._control = self.new_client(headers=self.control_headers)
         self.client = self.new_client()
 
     # -- construction ----------------------------------------------------------------------
@@ -163,6 +166,11 @@ class MockWhitney:
         return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
+    def control_headers(self) -> dict[str, str]:
+        """``Authorization`` with the control key, for ``/_mock/`` calls of your own."""
+        return {"Authorization": f"Bearer {self.control_key}"}
+
+    @property
     def env(self) -> dict[str, str]:
         """``WHITNEY_BASE_URL`` / ``WHITNEY_API_KEY`` for ``monkeypatch.setenv``."""
         return {"WHITNEY_BASE_URL": self.base_url, "WHITNEY_API_KEY": self.api_key}
@@ -196,19 +204,27 @@ class MockWhitney:
                                    error.get("message", response.text), error.get("details", {}))
         return response.json()
 
-    def trace(self, run_id: str | None = None) -> dict[str, list[TraceEntry]]:
-        """Executed primitives per run, in seq order: ``{run_id: [{seq, primitive, status}]}``.
+    @overload
+    def trace(self) -> dict[str, list[TraceEntry]]: ...
+
+    @overload
+    def trace(self, run_id: str) -> list[TraceEntry]: ...
+
+    def trace(self, run_id: str | None = None
+              ) -> dict[str, list[TraceEntry]] | list[TraceEntry]:
+        """``run_id``'s executed primitives in seq order, ``[{seq, primitive, status}]``; without
+        ``run_id``, every run's: ``{run_id: [...]}``.
 
         Only what reached its turn and was recorded (ORD-4) is here: requests refused before
         their turn, or answered by an injected fault before execution, are not.
         """
         params = None if run_id is None else {"run_id": run_id}
         runs: dict[str, list[TraceEntry]] = self._call("GET", "/_mock/trace", params=params)["runs"]
-        return runs
+        return runs if run_id is None else runs[run_id]
 
     def primitives(self, run_id: str) -> list[str]:
         """The names of the primitives ``run_id`` executed, in seq order."""
-        return [entry["primitive"] for entry in self.trace(run_id)[run_id]]
+        return [entry["primitive"] for entry in self.trace(run_id)]
 
     def inject_fault(self, kind: str, primitive: str | None = None, *,
                      run_id: str | None = None, count: int | None = 1, skip: int = 0,
@@ -259,7 +275,8 @@ class MockWhitney:
         result: dict[str, Any] = self._call("POST", "/_mock/reset", body)
         self.api_keys = tuple(self.backend.api_keys)
         for client in self._clients:
-            client.headers["Authorization"] = f"Bearer {self.api_key}"
+            if client is not self._control:
+                client.headers["Authorization"] = f"Bearer {self.api_key}"
         return result
 
     # -- lifecycle -------------------------------------------------------------------------
