@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "robust on a shared machine; default) or wall. Rows that involve "
                              "the uvicorn child always use wall time")
     parser.add_argument("--no-notes", action="store_true", help="print the table only")
+    parser.add_argument("--markdown", metavar="FILE",
+                        help="also write the table as Markdown (the README's table)")
     return parser
 
 
@@ -71,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, rows, meta)
         console.print(f"wrote {args.json}", style="dim")
+    if args.markdown:
+        from .report import markdown
+
+        with open(args.markdown, "w") as out:
+            out.write(markdown(rows, meta))
+        console.print(f"wrote {args.markdown}", style="dim")
     return 0
 
 

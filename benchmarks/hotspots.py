@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def fn() -> None:
                 for _ in range(20):
-                    payload = schemas.parse_json(raw)
-                    body = schemas.validate(schemas.Forward, payload)
-                    schemas.canonical_digest(payload)
+                    body = schemas.decode(raw, schemas.Forward).body
                     prepare_forward(backend, live, body, backward=True)
         elif target == "compute":
             call = _model_call(cfg, cfg.compute_datums, cfg.compute_tokens)

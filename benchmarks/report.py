@@ -109,3 +109,23 @@ def document(rows: list[Row], meta: dict[str, Any]) -> dict[str, Any]:
 
 def write_json(path: str | Path, rows: list[Row], meta: dict[str, Any]) -> None:
     Path(path).write_bytes(orjson.dumps(document(rows, meta), option=orjson.OPT_INDENT_2))
+
+
+def markdown(rows: list[Row], meta: dict[str, Any], groups: tuple[str, ...] = ()) -> str:
+    """The table as Markdown (for README): rows of ``groups`` (group-name prefixes; all when
+    empty), step rows included, with the run's preset, wall time, CPUs and load."""
+    lines = [f"`python -m benchmarks` ({meta['preset']}, {meta['wall_s']:.0f} s, "
+             f"{meta['cpu_count']} CPUs, load {_load(meta)} before the run):", "",
+             "| row | measured | floor | ratio | goal | verdict |", "|---|---:|---:|---:|---:|---|"]
+    group = None
+    for row in rows:
+        if groups and not row.group.startswith(groups):
+            continue
+        if row.group != group:
+            group = row.group
+            lines.append(f"| **{group}** | | | | | |")
+        name = row.name.strip()
+        name = f"&nbsp;&nbsp;{name}" if row.name.startswith("  ") else name
+        lines.append(f"| {name} | {fmt(row.measured, row.unit)} | {fmt(row.floor, row.unit)} | "
+                     f"{fmt_ratio(row.ratio)} | {fmt_goal(row)} | {row.verdict} |")
+    return "\n".join(lines) + "\n"

@@ -499,26 +499,16 @@ def _forward_fast(raw: bytes) -> Decoded:
         as_ints = flat.astype(np.int64) if any(whole) else flat
         blocks = [(b"A", as_ints[a:a + n]) if w else (b"D", flat[a:a + n])
                   for a, n, w in zip(starts, sizes, whole)]
-    parts: list[Any] = [b"{"]
-    _str_part(parts, "data")
-    parts.append(b"[")
+    parts: list[Any] = [_FORWARD_HEAD]
     at = 0
     for ids, inputs in zip(token_arrays, input_arrays):
-        parts.append(b"{")
-        _str_part(parts, "loss_inputs")
-        parts.append(b"{")
+        parts.append(_DATUM_HEAD)
         mine = dict(zip(inputs, blocks[at:at + len(inputs)]))
         at += len(inputs)
         for name in sorted(mine):
-            _str_part(parts, name)
             tag, values = mine[name]
-            parts += (tag, _LEN.pack(len(values)), values)
-        parts.append(b"}")
-        _str_part(parts, "model_input")
-        parts.append(b"{")
-        _str_part(parts, "token_ids")
-        _block(parts, b"A", ids)
-        parts += (b"}", b"}")
+            parts += (_key_bytes(name), tag + _LEN.pack(len(values)), values)
+        parts += (_DATUM_MIDDLE, b"A" + _LEN.pack(len(ids)), ids, b"}}")
     parts.append(b"]")
     _str_part(parts, "loss_config")
     _value_parts(parts, loss_config)
@@ -538,8 +528,43 @@ def _forward_fast(raw: bytes) -> Decoded:
 _TOKEN_KEYS = frozenset(("token_ids",))
 
 
+def _stream(*pieces: str | bytes) -> bytes:
+    """Constant pieces of the canonical stream: strings as :func:`_str_part` writes them."""
+    parts: list[Any] = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            _str_part(parts, piece)
+        else:
+            parts.append(piece)
+    return b"".join(parts)
+
+
+_FORWARD_HEAD = _stream(b"{", "data", b"[")
+_DATUM_HEAD = _stream(b"{", "loss_inputs", b"{")
+_DATUM_MIDDLE = _stream(b"}", "model_input", b"{", "token_ids")
+_KEYS: dict[str, bytes] = {}
+
+
+def _key_bytes(name: str) -> bytes:
+    """A loss input's name as the stream writes it (the few names there are, kept)."""
+    found = _KEYS.get(name)
+    if found is None:
+        found = _stream(name)
+        if len(_KEYS) < 64:
+            _KEYS[name] = found
+    return found
+
+
 def _construct(model: type[Body], **values: Any) -> Any:
-    return model.model_construct(_fields_set=set(values), **values)
+    """``model.model_construct`` of values already validated, without its per-call work: the
+    fields given are all the model has (every field of the forward models is required)."""
+    body = model.__new__(model)
+    object.__setattr__(body, "__dict__", values)
+    object.__setattr__(body, "__pydantic_fields_set__", set(values))
+    object.__setattr__(body, "__pydantic_extra__", None)
+    object.__setattr__(body, "__pydantic_private__",
+                       {"_arrays": None} if model.__private_attributes__ else None)
+    return body
 
 
 class Decoded(typing.NamedTuple):
