@@ -25,7 +25,7 @@ from openapi_support import (PRIMITIVES, contract, operations, pointer, registry
 # The error names the prose contract never gives, which the mock uses (the strict profile's).
 MOCK_ERROR_TYPES = {"validation_error", "unauthorized", "not_found", "operation_not_found",
                     "export_not_found", "rate_limited", "internal_error", "non_finite_loss",
-                    "non_finite_update", "checkpoint_incompatible"}
+                    "non_finite_update", "checkpoint_incompatible", "method_not_allowed"}
 
 
 # ----------------------------------------------------------------------------------- the document
