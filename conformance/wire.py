@@ -165,13 +165,14 @@ class Wire:
 
     def call(self, method: str, path: str, json: Any = None, *, auth: str = PRIMARY,
              content: bytes | None = None, headers: dict[str, str] | None = None,
-             authorization: str | None = None) -> Reply:
+             authorization: str | None = None,
+             params: dict[str, str | int] | None = None) -> Reply:
         """Send one request; ``path`` is relative to ``/v1/training`` (``/runs/abc/forward``).
 
         ``auth`` picks the key (``PRIMARY``, ``SECOND``, ``NO_AUTH``); ``authorization`` sends
         that literal header instead (SEC-1). ``json`` (None: no body) is serialised with
         orjson; ``content`` sends raw bytes (malformed JSON, oversized bodies) as
-        ``application/json``.
+        ``application/json``. ``params``: the query string (kept out of ``Reply.path``).
         """
         send_headers = dict(headers or {})
         key = self.key_for(auth)
@@ -189,7 +190,8 @@ class Wire:
         if data is not None:
             send_headers.setdefault("Content-Type", "application/json")
         started = time.monotonic()
-        response = self.client.request(method, path, content=data, headers=send_headers)
+        response = self.client.request(method, path, content=data, headers=send_headers,
+                                       params=params)
         if json is not None and response.status_code == 200:
             self._count_tokens(path, json)  # refused requests are not processed, nor billed
         return self.record(method, path, response, started=started,

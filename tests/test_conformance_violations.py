@@ -59,6 +59,13 @@ EXPECTED: dict[str, set[str]] = {
     "session_metadata_dropped": {"LIFE-1"},
     "rank_limit_unvalidated": {"LIFE-5"},
     "nan_accepted": {"ERR-2"},
+    # Contract 1.1's optional features: declared by the mock, then broken one at a time.
+    "idempotency_key_ignored": {"LIFE-9"},
+    "idempotency_keys_global": {"LIFE-9"},  # the foreign-key check; SEC-2's own probes use none
+    "listing_leaks_foreign": {"LIFE-10"},
+    "listing_pages_overlap": {"LIFE-10"},
+    "seq_details_missing": {"ORD-6"},
+    "exports_gone_after_close": {"EXPORT-2"},
 }
 
 # Short waits keep one full suite run at a few seconds (ORD-2 waits order_wait_ms).

@@ -11,6 +11,11 @@ title=...)``; nothing else needs to change.
     versions     VER-1..4, SAMPLE-1   losses       LOSS-1..6, GRAD-1
     optimizer    OPT-1..4             checkpoints  CKPT-1, EXPORT-1
     schema       SCHEMA-1, SCHEMA-2 (the suite's own: every response against openapi.yaml)
+
+Contract 1.1's optional features, one module each (``unsupported`` unless declared):
+
+    idempotency  LIFE-9 (idempotent_create)    listing              LIFE-10 (session_listing)
+    seq_state    ORD-6 (seq_error_details)     exports_after_close  EXPORT-2
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ from . import (  # noqa: F401 - imported for their registrations
     checkpoints,
     discovery,
     errors,
+    exports_after_close,
+    idempotency,
     lifecycle,
+    listing,
     losses,
     optimizer,
     ordering,
     schema,
     security,
+    seq_state,
     transport,
     versions,
 )

@@ -105,6 +105,24 @@ VIOLATIONS: dict[str, str] = {
         "fails with 500 instead of 422.",
     "nan_accepted":
         "ERR-2: the JSON parser accepts NaN/Infinity literals (then 422, not 400).",
+    # -- contract 1.1's optional features, each declared (capabilities) and then broken --------
+    "idempotency_key_ignored":
+        "LIFE-9: Idempotency-Key is accepted but ignored: a retried creation creates again "
+        "(and another body under the same key is created too, never 409).",
+    "idempotency_keys_global":
+        "LIFE-9: Idempotency-Keys are not scoped to the API key: another key's identical key "
+        "replays this key's creation (SEC-2 leak).",
+    "listing_leaks_foreign":
+        "LIFE-10: GET /sessions lists every tenant's sessions, not only the caller's.",
+    "listing_pages_overlap":
+        "LIFE-10: next_cursor points at the last session shown, so each page repeats the "
+        "previous page's last session (an off-by-one).",
+    "seq_details_missing":
+        "ORD-6: primitive errors carry no details.next_seq / details.seq_consumed (only "
+        "seq_gap's expected_seq), although seq_error_details is declared.",
+    "exports_gone_after_close":
+        "EXPORT-2: exports are freed when the session closes (404), although "
+        "exports_after_close is declared.",
 }
 
 TORCH_ADAMW_DEFAULTS = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
@@ -219,6 +237,34 @@ class ViolatingBackend(Backend):
         if op is not None and not op.ok and "failed_ops_unlogged" in self.switches:
             return None
         return op
+
+    # -- contract 1.1 ----------------------------------------------------------------------
+    def _creation_slot(self, key: str, idempotency_key: str) -> tuple[str, str] | None:
+        if "idempotency_key_ignored" in self.switches:
+            return None
+        if "idempotency_keys_global" in self.switches:
+            return "*", idempotency_key
+        return super()._creation_slot(key, idempotency_key)
+
+    def _listed(self, key: str, session: Session) -> bool:
+        return "listing_leaks_foreign" in self.switches or super()._listed(key, session)
+
+    def _cursor_after(self, last: Session) -> int:
+        if "listing_pages_overlap" in self.switches:
+            return last.ordinal + 1
+        return super()._cursor_after(last)
+
+    def _seq_state(self, run: Run, *, consumed: bool, next_seq: int | None = None
+                   ) -> dict[str, Any]:
+        if "seq_details_missing" in self.switches:
+            return {}
+        return super()._seq_state(run, consumed=consumed, next_seq=next_seq)
+
+    def _free_exports(self, run: Run) -> None:
+        if "exports_gone_after_close" in self.switches:
+            run.exports.clear()
+        else:
+            super()._free_exports(run)
 
 
 # -- request bodies ----------------------------------------------------------------------
