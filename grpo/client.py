@@ -8,9 +8,18 @@ forward_backward seq N and optim_step seq N+1 travel concurrently (ORD-2).
 
 Retries (replay-safe by ORD-3): a primitive is re-sent with the *same* seq and the *same bytes*
 after 429 (waiting ``Retry-After``), 5xx, or a dropped connection; if the first attempt did
-execute, the server answers the recorded response again (``Whitney-Replayed: true``). Requests
-with no replay protection (``POST /sessions``, ``POST .../runs``) are retried only when they
-certainly had no effect: 429 (refused before its turn) or a connection that never opened.
+execute, the server answers the recorded response again (``Whitney-Replayed: true``).
+
+Creations (``POST /sessions``, ``POST .../runs``) carry an ``Idempotency-Key`` (contract 1.1,
+LIFE-9), one per logical creation, the same on every retry. When the server declares
+``features.idempotent_create`` (read by :meth:`WhitneyClient.capabilities`) they are retried
+like primitives: a lost response comes back as the first answer, replayed, and nothing is
+created twice; after the retries are used up :meth:`WhitneyClient.recover_creation` sends the
+same creation once more so that the caller can learn the resource and clean it up. A server
+that does not declare it gets today's behaviour: a creation is retried only when it certainly
+had no effect (429, refused before its turn, or a connection that never opened), and a lost
+creation response leaves a resource the client does not know (the documented limitation:
+close then answers 409 ``runs_not_terminal`` until the session's TTL ends it).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from grpo.errors import (
     ConnectionFailed,
     IntegrityError,
     ProtocolError,
+    ServerError,
     api_error_class,
 )
 
@@ -116,6 +126,11 @@ class WhitneyClient:
         self._sleep = sleep
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        #: ``capabilities.features`` as last read by :meth:`capabilities` (empty before).
+        self.features: dict[str, Any] = {}
+        # The creation whose outcome is unknown (its response lost, or a 5xx): (path, body,
+        # Idempotency-Key), for recover_creation (LIFE-9).
+        self._unsettled: tuple[str, dict[str, Any], str] | None = None
 
     @classmethod
     def connect(
@@ -160,11 +175,18 @@ class WhitneyClient:
 
     # -- transport ---------------------------------------------------------------------------
 
+    @property
+    def idempotent_create(self) -> bool:
+        """Whether the server declared LIFE-9 (``features.idempotent_create``), so creations
+        are retried like primitives."""
+        return self.features.get("idempotent_create") is True
+
     def request(
-        self, method: str, path: str, body: Any = None, *, replay_safe: bool
+        self, method: str, path: str, body: Any = None, *, replay_safe: bool,
+        headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Send one request (retrying as the module docstring says) and return its JSON object."""
-        response = self._send(method, path, body, replay_safe=replay_safe)
+        response = self._send(method, path, body, replay_safe=replay_safe, headers=headers)
         try:
             document = response.json()
         except ValueError:
@@ -176,9 +198,10 @@ class WhitneyClient:
             )
         return document
 
-    def _send(self, method: str, path: str, body: Any, *, replay_safe: bool) -> httpx.Response:
+    def _send(self, method: str, path: str, body: Any, *, replay_safe: bool,
+              headers: dict[str, str] | None = None) -> httpx.Response:
         content = None if body is None else _encode(body)
-        headers = {"X-Request-Id": uuid.uuid4().hex}
+        headers = {**(headers or {}), "X-Request-Id": uuid.uuid4().hex}
         if content is not None:
             headers["Content-Type"] = "application/json"
         attempt = 0
@@ -244,19 +267,52 @@ class WhitneyClient:
     # -- discovery, sessions, runs ----------------------------------------------------------
 
     def capabilities(self) -> dict[str, Any]:
-        """DISC-1 ``GET /capabilities``."""
-        return self.request("GET", f"{PREFIX}/capabilities", replay_safe=True)
+        """DISC-1 ``GET /capabilities``; its ``features`` are kept (:attr:`features`)."""
+        document = self.request("GET", f"{PREFIX}/capabilities", replay_safe=True)
+        features = document.get("features")
+        self.features = dict(features) if isinstance(features, dict) else {}
+        return document
+
+    def _create(self, path: str, body: dict[str, Any], idempotency_key: str | None
+                ) -> dict[str, Any]:
+        """LIFE-9: one logical creation, one ``Idempotency-Key`` on every attempt; retried like
+        a primitive when the server declares ``idempotent_create``."""
+        key = idempotency_key or uuid.uuid4().hex
+        self._unsettled = None
+        try:
+            return self.request("POST", path, body, replay_safe=self.idempotent_create,
+                                headers={"Idempotency-Key": key})
+        except (ConnectionFailed, ServerError):  # it may have been created: recover_creation
+            self._unsettled = (path, body, key)
+            raise
+
+    def recover_creation(self) -> dict[str, Any] | None:
+        """After a creation raised with its outcome unknown (a lost response, a 5xx), send it
+        once more with the same ``Idempotency-Key`` (LIFE-9) and return the view of what it
+        created (a replay), so the caller can clean it up; None when the server does not
+        declare ``idempotent_create``, nothing is unsettled, or it still fails."""
+        unsettled, self._unsettled = self._unsettled, None
+        if unsettled is None or not self.idempotent_create:
+            return None
+        path, body, key = unsettled
+        try:
+            return self.request("POST", path, body, replay_safe=True,
+                                headers={"Idempotency-Key": key})
+        except Exception:  # the cleanup reports what it could not reach
+            return None
 
     def create_session(
-        self, *, ttl_seconds: int | None = None, metadata: dict[str, str] | None = None
+        self, *, ttl_seconds: int | None = None, metadata: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        """LIFE-1 ``POST /sessions``; fields left ``None`` are not sent."""
+        """LIFE-1 ``POST /sessions``; fields left ``None`` are not sent. ``idempotency_key``:
+        LIFE-9's key (default: a fresh one per call)."""
         body: dict[str, Any] = {}
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
         if metadata is not None:
             body["metadata"] = metadata
-        return self.request("POST", f"{PREFIX}/sessions", body, replay_safe=False)
+        return self._create(f"{PREFIX}/sessions", body, idempotency_key)
 
     def get_session(self, session_id: str) -> dict[str, Any]:
         return self.request("GET", f"{PREFIX}/sessions/{session_id}", replay_safe=True)
@@ -271,14 +327,16 @@ class WhitneyClient:
         return self.request("POST", path, {}, replay_safe=True)
 
     def create_run(
-        self, session_id: str, *, base_model: str, rank: int, alpha: float, seed: int | None = None
+        self, session_id: str, *, base_model: str, rank: int, alpha: float, seed: int | None = None,
+        idempotency_key: str | None = None,
     ) -> RunHandle:
-        """LIFE-5: a LoRA run with the AdamW optimizer; returns a :class:`RunHandle`."""
+        """LIFE-5: a LoRA run with the AdamW optimizer; returns a :class:`RunHandle`.
+        ``idempotency_key``: LIFE-9's key (default: a fresh one per call)."""
         lora: dict[str, Any] = {"rank": rank, "alpha": alpha}
         if seed is not None:
             lora["seed"] = seed
         body = {"base_model": base_model, "lora": lora, "optimizer": "adamw"}
-        view = self.request("POST", f"{PREFIX}/sessions/{session_id}/runs", body, replay_safe=False)
+        view = self._create(f"{PREFIX}/sessions/{session_id}/runs", body, idempotency_key)
         return RunHandle(self, view)
 
     def get_run(self, run_id: str) -> dict[str, Any]:

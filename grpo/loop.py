@@ -149,6 +149,25 @@ def _sample_request(
         "version": cycle,
         "prompt": {"token_ids": prompt},
         "num_samples": config.group_size,
+def recover_lost_creation(
+    client: WhitneyClient, session_id: str | None, run: RunHandle | None
+) -> tuple[str | None, RunHandle | None]:
+    """LIFE-9: when a creation raised with its outcome unknown (response lost, 5xx) the client
+    sends it once more with the same ``Idempotency-Key``, so the session or run the server may
+    have created is known and the Cleanup below ends it. A server without
+    ``idempotent_create``: nothing to learn (the run stays unknown; close reports
+    ``runs_not_terminal``)."""
+    if run is not None:
+        return session_id, run
+    view = client.recover_creation()
+    if view is None:
+        return session_id, run
+    if isinstance(view.get("run_id"), str):
+        return session_id, RunHandle(client, view)
+    found = view.get("session_id")
+    return (found if isinstance(found, str) else session_id), run
+
+
         "sampling": {
             "max_tokens": config.max_tokens,
             "temperature": config.temperature,
@@ -283,6 +302,7 @@ def train(
                 step = run.optim_step(config.adamw)
             metrics.append(_cycle_metrics(cycle, samples, rewards_P_G, skipped, results, step,
                                           started))
+        session_id, run = recover_lost_creation(client, session_id, run)  # LIFE-9
             if on_cycle is not None:
                 on_cycle(metrics[-1])
         cycle = None

@@ -20,7 +20,9 @@ from grpo.client import RetryPolicy, WhitneyClient
 from grpo.errors import ConflictError, ConnectionFailed, RateLimitError, ServerError, TrainingError
 from grpo.loop import LoopConfig, TrainResult, train
 from grpo.tasks import ByteTokenizer
+from mock_server import Features, InProcessTransport, create_app
 from mock_server.testing import MockWhitney
+from mock_server.testing.mock import DEFAULT_API_KEY, IN_PROCESS_BASE_URL
 
 TOKENIZER = ByteTokenizer()
 PROMPTS = [TOKENIZER.encode(word) for word in ("cat", "dog", "sun")]
@@ -65,6 +67,18 @@ def assert_recovered(whitney: MockWhitney, result: TrainResult, clean: dict[str,
     assert fingerprint(result) == clean
     assert whitney.primitives(result.run_id) == EXPECTED_TRACE
     assert {entry["status"] for entry in whitney.trace(result.run_id)} == {"completed"}
+
+
+def assert_same_training(whitney: MockWhitney, result: TrainResult,
+                         clean: dict[str, Any]) -> None:
+    """As :func:`assert_recovered`, the reported metrics within a few ulps: a retried creation
+    changes what the process allocated before training, and numpy's reductions may then sum in
+    another order (the trained weights, hence the exported bytes, are compared exactly)."""
+    got = fingerprint(result)
+    assert got["files"] == clean["files"] and got["state"] == clean["state"]
+    assert got["metrics"] == [pytest.approx(row, rel=1e-12, abs=1e-12)
+                              for row in clean["metrics"]]
+    assert whitney.primitives(result.run_id) == EXPECTED_TRACE
 
 
 # -- recovered transparently --------------------------------------------------------------------
@@ -163,13 +177,56 @@ def test_a_run_failed_by_the_server_mid_loop_is_cleaned_up(whitney_mock) -> None
     assert whitney_mock.primitives(error.run_id) == CYCLE + ["save_weights_for_sampler"]
 
 
-def test_a_lost_create_session_is_not_re_sent(whitney_mock) -> None:
-    """``POST /sessions`` has no seq: after a lost response the client must not create a second
-    session; the loop stops before any run exists."""
-    whitney_mock.inject_fault("drop", "create_session")
+@pytest.mark.parametrize("creation", ["create_session", "create_run"])
+def test_a_lost_creation_is_re_sent_with_its_key_and_created_once(whitney_mock, clean,
+                                                                  creation) -> None:
+    """LIFE-9 (the mock declares idempotent_create): the client sends one Idempotency-Key per
+    creation and retries a lost response like a primitive's; the retry is answered with the
+    first answer (replayed), so the loop trains exactly as without the fault, on one session
+    with one run."""
+    whitney_mock.inject_fault("drop", creation, count=2)
+    result = run_loop(whitney_mock)
+    assert_same_training(whitney_mock, result, clean)
+    assert whitney_mock.faults()[0]["fired"] == 2
+    assert list(whitney_mock.backend.sessions) == [result.session_id]
+    assert whitney_mock.backend.sessions[result.session_id].run_ids == [result.run_id]
+
+
+def test_a_lost_run_creation_on_a_real_socket(whitney_server, clean) -> None:
+    whitney_server.inject_fault("drop", "create_run")
+    client = WhitneyClient.connect(whitney_server.base_url, whitney_server.api_key, retry=RETRY)
+    with client:
+        result = train(client, PROMPTS, spread_reward, get_algorithm("grpo"), CONFIG)
+    assert_same_training(whitney_server, result, clean)
+    assert whitney_server.backend.sessions[result.session_id].run_ids == [result.run_id]
+
+
+def test_a_creation_lost_for_good_is_learned_back_and_cleaned_up(whitney_mock) -> None:
+    """Every attempt's response lost: the loop gives up (ConnectionFailed), then learns the run
+    it created with the same Idempotency-Key once the faults lift, cancels it and closes the
+    session: nothing leaks (the case the contract 1.0 client could not clean up)."""
+    whitney_mock.inject_fault("drop", "create_run", count=RETRY.max_attempts)
     with pytest.raises(TrainingError) as caught:
         run_loop(whitney_mock)
-    assert isinstance(caught.value.__cause__, ConnectionFailed)
-    assert caught.value.phase == "create_session"
-    assert len(whitney_mock.backend.sessions) == 1
-    assert whitney_mock.trace() == {}
+    error = caught.value
+    assert isinstance(error.__cause__, ConnectionFailed) and error.phase == "create_run"
+    assert error.cleanup == {"run_state": "cancelled", "session_state": "closed", "errors": []}
+    (session,) = whitney_mock.backend.sessions.values()
+    assert session.run_ids == [error.run_id] and session.state == "closed"
+
+
+def test_without_idempotent_create_a_lost_create_session_is_not_re_sent() -> None:
+    """A server that does not declare LIFE-9: ``POST /sessions`` has no replay protection, so
+    after a lost response the client must not create a second session; the loop stops before
+    any run exists (the documented 1.0 limitation)."""
+    app = create_app(api_keys=(DEFAULT_API_KEY,), control_plane=True,
+                     features=Features(idempotent_create=False))
+    with MockWhitney(app, base_url=IN_PROCESS_BASE_URL, transport=InProcessTransport(app),
+                     api_keys=(DEFAULT_API_KEY,)) as whitney:
+        whitney.inject_fault("drop", "create_session")
+        with pytest.raises(TrainingError) as caught:
+            run_loop(whitney)
+        assert isinstance(caught.value.__cause__, ConnectionFailed)
+        assert caught.value.phase == "create_session"
+        assert len(whitney.backend.sessions) == 1
+        assert whitney.trace() == {}

@@ -15,7 +15,8 @@ from grpo.errors import CapabilityError, ConflictError, ConnectionFailed, Server
 from grpo.helpers import forward_backward_payload, rl_datum
 from grpo.loop import LoopConfig, merge_payloads, train
 from grpo.tasks import ByteTokenizer
-from test_grpo_support import Fault, tapped_client
+from mock_server import Features
+from test_grpo_support import Fault, label_of, tapped_client
 
 TOKENIZER = ByteTokenizer()
 PROMPTS = [TOKENIZER.encode(word) for word in ("cat", "dog", "sun")]
@@ -89,9 +90,9 @@ KINDS = {
 def test_a_fault_at_any_step_leaves_the_run_terminal_and_the_session_closed(
     mock, kind, label, nth, phase, cycle
 ):
-    """Seed Cleanup: cancel, poll until terminal, close; then TrainingError with the cycle."""
-    if kind == "lost_connection" and label == "create_run":
-        pytest.skip("an unknown run cannot be cancelled: see the dedicated test below")
+    """Seed Cleanup: cancel, poll until terminal, close; then TrainingError with the cycle.
+    A run whose creation kept failing with its outcome unknown (lost responses, 5xx) is
+    learned again with its Idempotency-Key (LIFE-9, declared by the mock) and ended too."""
     fault, error_class = KINDS[kind]
     client, tap = tapped_client(mock)
     tap.faults.append(Fault(label, nth=nth, **fault))
@@ -112,7 +113,14 @@ def test_a_fault_at_any_step_leaves_the_run_terminal_and_the_session_closed(
         assert after[-1] == "close_session" and ("cancel" in after)
 
 
-def test_a_fault_creating_the_session_leaves_nothing_to_clean(mock):
+def without_idempotent_create(make_mock):
+    """A server of contract 1.0 for creations: no ``features.idempotent_create``."""
+    return make_mock(features=Features(idempotent_create=False))
+
+
+def test_a_fault_creating_the_session_leaves_nothing_to_clean(make_mock):
+    """Without LIFE-9 a creation has no replay protection: a 5xx is not retried."""
+    mock = without_idempotent_create(make_mock)
     client, tap = tapped_client(mock)
     tap.faults.append(Fault("create_session", status=503))
     with pytest.raises(TrainingError) as caught:
@@ -122,10 +130,12 @@ def test_a_fault_creating_the_session_leaves_nothing_to_clean(mock):
     assert tap.labels() == ["capabilities", "create_session"]  # no seq: not retried, no cleanup
 
 
-def test_a_run_whose_creation_response_was_lost_is_reported_not_hidden(mock):
-    """``POST .../runs`` has no seq, so it is not retried after a lost response; the run the
-    server did create is unknown to the client, close answers 409 ``runs_not_terminal``
-    (LIFE-3), and the error says so instead of pretending the session closed."""
+def test_a_run_whose_creation_response_was_lost_is_reported_not_hidden(make_mock):
+    """Without LIFE-9 (the documented limitation): ``POST .../runs`` is not retried after a
+    lost response; the run the server did create is unknown to the client, close answers 409
+    ``runs_not_terminal`` (LIFE-3), and the error says so instead of pretending the session
+    closed."""
+    mock = without_idempotent_create(make_mock)
     client, tap = tapped_client(mock)
     tap.faults.append(Fault("create_run", kind="drop_after"))
     with pytest.raises(TrainingError) as caught:
@@ -135,6 +145,54 @@ def test_a_run_whose_creation_response_was_lost_is_reported_not_hidden(mock):
     assert error.cleanup["session_state"] is None
     assert "runs_not_terminal" in error.cleanup["errors"][0]
     assert server_view(mock, f"/sessions/{error.session_id}")["state"] == "open"
+    assert [c.label for c in tap.calls].count("create_run") == 1
+
+
+@pytest.mark.parametrize("label,fault", [
+    ("create_session", dict(kind="drop_after")),
+    ("create_run", dict(kind="drop_after")),
+    ("create_session", dict(kind="respond", status=503)),
+    ("create_run", dict(kind="drop_after", times=2)),
+    ("create_run", dict(kind="throttle", retry_after="2")),
+])
+def test_with_idempotent_create_a_lost_creation_is_retried_and_nothing_leaks(mock, label, fault):
+    """LIFE-9: every creation carries one Idempotency-Key on all its attempts; a lost response
+    or a 5xx is retried like a primitive and comes back as the first answer (replayed), so the
+    loop trains on exactly one session with one run and nothing is left behind."""
+    client, tap = tapped_client(mock)
+    tap.faults.append(Fault(label, **fault))
+    result = train(client, PROMPTS, spread_reward, get_algorithm("grpo"), SMALL)
+    attempts = [c for c in tap.calls if c.label == label]
+    assert len(attempts) == 1 + fault.get("times", 1)
+    backend = mock.backend
+    assert list(backend.sessions) == [result.session_id]
+    assert backend.sessions[result.session_id].run_ids == [result.run_id]
+    assert server_view(mock, f"/sessions/{result.session_id}")["state"] == "closed"
+    assert server_view(mock, f"/runs/{result.run_id}")["state"] == "finished"
+
+
+def test_the_idempotency_key_is_one_per_creation_and_the_same_on_retries(mock):
+    client, tap = tapped_client(mock)
+    seen: list[tuple[str, str]] = []
+    original = tap.inner.handle_request
+
+    def record(request):
+        if request.method == "POST" and label_of(request.method, request.url.path) in (
+                "create_session", "create_run"):
+            seen.append((label_of(request.method, request.url.path),
+                         request.headers["idempotency-key"]))
+        return original(request)
+
+    tap.inner.handle_request = record  # type: ignore[method-assign]
+    tap.faults.append(Fault("create_run", kind="drop_after"))
+    train(client, PROMPTS, spread_reward, get_algorithm("grpo"), SMALL)
+    train(client, PROMPTS, spread_reward, get_algorithm("grpo"), SMALL)
+    labels = [label for label, _ in seen]
+    assert labels == ["create_session", "create_run", "create_run"] + [
+        "create_session", "create_run"]
+    keys = [key for _, key in seen]
+    assert keys[1] == keys[2]  # the retry of the lost creation
+    assert len({keys[0], keys[1], keys[3], keys[4]}) == 4  # one per logical creation
 
 
 def test_uniform_group_stops_the_run_with_the_seeds_error(mock):
