@@ -10,9 +10,12 @@ Public surface (the seed's names where the seed has one)::
     UniformRewardError, with_kl_penalty                grpo.algorithms  build_loss variants
     CycleMetrics, TrainResult, train,
     cancel_and_close                                   grpo.loop        the ordered loop
-    ByteTokenizer, Task, TASKS, get_task               grpo.tasks       toy tasks
+    Task, TASKS, get_task                              grpo.tasks       toy byte tasks
+    Tokenizer, ByteTokenizer, HFTokenizer,
+    load_tokenizer                                     grpo.tokenizers  text <-> ids
+    UserReward, load_reward                            grpo.rewards     the caller's reward
     WhitneyClientError, APIError, CapabilityError,
-    TrainingError (and the other typed errors)         grpo.errors
+    RewardError, TrainingError (and the others)        grpo.errors
 
 ``Run`` and ``WhitneyError`` are the former names of ``RunHandle`` and ``WhitneyClientError``
 (kept as aliases; ``mock_server`` uses both names for other things: a run's server-side record
@@ -41,6 +44,7 @@ from grpo.errors import (
     PayloadTooLargeError,
     ProtocolError,
     RateLimitError,
+    RewardError,
     ServerError,
     TrainingError,
     ValidationError,
@@ -55,15 +59,19 @@ from grpo.helpers import (
     rl_datum,
 )
 from grpo.loop import CycleMetrics, TrainResult, cancel_and_close, train
-from grpo.tasks import TASKS, ByteTokenizer, Task, get_task
+from grpo.rewards import UserReward, load_reward
+from grpo.tasks import TASKS, Task, get_task
+from grpo.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
     "ALGORITHMS", "APIError", "AdamW", "Algorithm", "AuthenticationError", "BadRequestError",
     "ByteTokenizer", "CapabilityError", "ConflictError", "ConnectionFailed", "CycleMetrics",
-    "DEFAULT_ADAMW", "IntegrityError", "LoopConfig", "LossContext", "NotFoundError",
-    "PayloadTooLargeError", "ProtocolError", "RateLimitError", "RetryPolicy", "Run", "RunHandle",
-    "ServerError", "TASKS", "Task", "TrainResult", "TrainingError", "UniformRewardError",
-    "ValidationError", "WhitneyClient", "WhitneyClientError", "WhitneyError", "all_zero", "cancel_and_close", "forward_backward_payload", "get_algorithm",
-    "get_task", "group_mean_advantages", "leave_one_out_advantages", "rl_datum", "train",
+    "DEFAULT_ADAMW", "HFTokenizer", "IntegrityError", "LoopConfig", "LossContext",
+    "NotFoundError", "PayloadTooLargeError", "ProtocolError", "RateLimitError", "RetryPolicy",
+    "RewardError", "Run", "RunHandle", "ServerError", "TASKS", "Task", "Tokenizer",
+    "TrainResult", "TrainingError", "UniformRewardError", "UserReward", "ValidationError",
+    "WhitneyClient", "WhitneyClientError", "WhitneyError", "all_zero", "cancel_and_close",
+    "forward_backward_payload", "get_algorithm", "get_task", "group_mean_advantages",
+    "leave_one_out_advantages", "load_reward", "load_tokenizer", "rl_datum", "train",
     "with_kl_penalty",
 ]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from grpo.algorithms import Algorithm
     from grpo.config import LoopConfig
 
-__all__ = ["LOOP_PRIMITIVES", "check_capabilities"]
+__all__ = ["LOOP_PRIMITIVES", "check_capabilities", "choose_base_model"]
 
 #: Primitives every run of the loop calls, whatever the algorithm.
 LOOP_PRIMITIVES = (
@@ -29,6 +29,23 @@ LOOP_PRIMITIVES = (
     "save_state",
     "export_lora",
 )
+
+
+def choose_base_model(capabilities: dict[str, Any], requested: str | None) -> dict[str, Any]:
+    """The capabilities ``base_models[]`` entry to train: ``requested``, else the server's only
+    model. :class:`CapabilityError` naming the served models when the requested one is not
+    served, or when none was requested and the server serves several (or none)."""
+    models = [m for m in capabilities.get("base_models") or [] if isinstance(m, dict)]
+    served = ", ".join(repr(m.get("id")) for m in models) or "none"
+    if requested is not None:
+        for model in models:
+            if model.get("id") == requested:
+                return model
+        raise CapabilityError(f"base model {requested!r} is not served here (served: {served})")
+    if len(models) != 1:
+        raise CapabilityError(f"the server serves {len(models)} base models ({served}): choose "
+                              f"one with --base-model (LoopConfig.base_model)")
+    return models[0]
 
 
 def _loss_problems(capabilities: dict[str, Any], algorithm: Algorithm) -> list[str]:
@@ -76,12 +93,13 @@ def check_capabilities(
     if "adamw" not in (capabilities.get("optimizers") or []):
         problems.append("optimizer 'adamw' is not offered")
 
-    models = {model["id"]: model for model in capabilities.get("base_models") or []}
-    model = models.get(config.base_model)
+    model: dict[str, Any] | None = None
+    try:
+        model = choose_base_model(capabilities, config.base_model)
+    except CapabilityError as exc:
+        problems.append(str(exc))
     longest_prompt = max(len(prompt) for prompt in prompts)
-    if model is None:
-        problems.append(f"base model {config.base_model!r} is not offered ({sorted(models)})")
-    else:
+    if model is not None:
         if config.lora_rank > model["max_lora_rank"]:
             problems.append(f"LoRA rank {config.lora_rank} > "
                             f"max_lora_rank {model['max_lora_rank']}")
@@ -89,8 +107,11 @@ def check_capabilities(
             problems.append(f"prompt ({longest_prompt}) + max_tokens ({config.max_tokens}) > "
                             f"max_context {model['max_context']}")
         vocab = model["vocab_size"]
-        if any(not 0 <= token < vocab for prompt in prompts for token in prompt):
-            problems.append(f"a prompt holds a token id outside [0, {vocab})")
+        outside = next(((i, token) for i, prompt in enumerate(prompts) for token in prompt
+                        if not 0 <= token < vocab), None)
+        if outside is not None:
+            problems.append(f"prompt {outside[0] + 1} holds token id {outside[1]}, outside the "
+                            f"vocabulary [0, {vocab}) of {model['id']!r}")
 
     limits = capabilities.get("limits") or {}
     for value, limit, what in (

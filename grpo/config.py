@@ -43,7 +43,7 @@ class LoopConfig:
     prompts_per_cycle: int = 4
     max_tokens: int = 12
     temperature: float = 1.0
-    base_model: str = "whitney-mock/tiny-byte"
+    base_model: str | None = None  # None: the server's only base model (grpo.checks)
     lora_rank: int = 8
     lora_alpha: float = 16.0
     adamw: AdamW = DEFAULT_ADAMW

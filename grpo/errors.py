@@ -26,6 +26,7 @@ __all__ = [
     "ConnectionFailed",
     "IntegrityError",
     "CapabilityError",
+    "RewardError",
     "TrainingError",
 ]
 
@@ -135,13 +136,44 @@ class CapabilityError(WhitneyClientError):
     """The server cannot run this algorithm as asked (DISC-2); raised before any session exists."""
 
 
+class RewardError(WhitneyClientError):
+    """The caller's reward function raised (or returned something that is not a finite
+    number). The loop reports it as the caller's, not as a failure of its own: ``reward`` names
+    the function, ``original`` is the exception it raised (also ``__cause__``; ``None`` for a
+    bad return value) and :meth:`user_traceback` formats it from the caller's own frames."""
+
+    def __init__(self, message: str, *, reward: str,
+                 original: BaseException | None = None) -> None:
+        self.reward = reward
+        self.original = original
+        super().__init__(message)
+
+    def user_traceback(self) -> str:
+        """The original exception's traceback, without the frames of this package above the
+        reward function (empty when the reward returned a bad value)."""
+        import traceback
+        from pathlib import Path
+
+        if self.original is None:
+            return ""
+        package = str(Path(__file__).resolve().parent)
+        tb = self.original.__traceback__
+        while tb is not None and tb.tb_next is not None and \
+                str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(package):
+            tb = tb.tb_next
+        return "".join(traceback.format_exception(type(self.original), self.original, tb))
+
+
 class TrainingError(WhitneyClientError):
     """The training loop failed; the run was cancelled and the session closed (seed: Cleanup).
 
     ``cycle`` is the cycle that failed (``None`` before the first cycle or after the last),
-    ``phase`` the step of the loop (``"sample"``, ``"build_loss"``, ``"optim_step"`` ...),
-    ``cleanup`` what the cleanup did (``run_state``, ``session_state``, ``errors``); the original
-    exception is ``__cause__``.
+    ``phase`` the step of the loop (``"sample"``, ``"reward"``, ``"build_loss"``,
+    ``"optim_step"`` ...), ``cleanup`` what the cleanup did (``run_state``, ``session_state``,
+    ``errors``); the original exception is ``__cause__``. ``checkpoint``: when the run stopped
+    for a reason on the caller's side (a uniform group, the reward raising) after at least one
+    optimizer step, the ``save_state`` answer (``checkpoint_id``, ``step``) saved before the
+    cancel; else ``None``.
     """
 
     def __init__(
@@ -153,10 +185,12 @@ class TrainingError(WhitneyClientError):
         run_id: str | None,
         session_id: str | None,
         cleanup: dict[str, Any],
+        checkpoint: dict[str, Any] | None = None,
     ) -> None:
         self.cycle = cycle
         self.phase = phase
         self.run_id = run_id
         self.session_id = session_id
         self.cleanup = cleanup
+        self.checkpoint = checkpoint
         super().__init__(message)

@@ -1,7 +1,10 @@
-"""A byte tokenizer and toy tasks with verifiable rewards for ``whitney-mock/tiny-byte``.
+"""Toy byte tasks with verifiable rewards for ``whitney-mock/tiny-byte`` (and any model whose
+vocabulary holds the 256 byte ids), tokenized with :class:`~grpo.tokenizers.ByteTokenizer`.
 
 A reward is ``reward(tokens, prompt_tokens) -> float``: ``tokens`` is one sampled completion
-(as in the seed's ``reward(tokens)``), ``prompt_tokens`` the prompt it answers. Each toy task
+(as in the seed's ``reward(tokens)``), ``prompt_tokens`` the prompt it answers. A task's
+reward stops at EOS: ``Task.reward_for(eos_token_id)`` takes the server's (the CLI passes the
+capabilities' value); ``Task.reward`` is the one for ``whitney-mock/tiny-byte``. Each toy task
 scores the first ``length`` completion characters, one point per character that obeys the
 task's rule, divided by ``length``: rewards lie in [0, 1], a completion that stops early (EOS)
 forfeits the rest, and the many reward levels make groups of equal rewards rare.
@@ -18,6 +21,8 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from grpo.tokenizers import ByteTokenizer
+
 __all__ = ["ByteTokenizer", "Task", "TASKS", "get_task", "Reward"]
 
 Reward = Callable[[Sequence[int], Sequence[int]], float]
@@ -26,29 +31,6 @@ VOWELS = frozenset(b"aeiou")
 CONSONANTS = frozenset(string.ascii_lowercase.encode()) - VOWELS
 LOWER = frozenset(string.ascii_lowercase.encode())
 UPPER = frozenset(string.ascii_uppercase.encode())
-
-
-class ByteTokenizer:
-    """Bytes 0..255 are tokens 0..255; BOS and EOS follow (``whitney-mock/tiny-byte``)."""
-
-    def __init__(self, *, bos_token_id: int = 256, eos_token_id: int = 257) -> None:
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
-
-    def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
-        """UTF-8 bytes of ``text``, after BOS unless ``add_bos`` is false."""
-        return ([self.bos_token_id] if add_bos else []) + list(text.encode("utf-8"))
-
-    def decode(self, tokens: Sequence[int]) -> str:
-        """Text of ``tokens`` up to the first EOS; BOS and other non-byte ids are dropped,
-        invalid UTF-8 becomes U+FFFD."""
-        data = bytearray()
-        for token in tokens:
-            if token == self.eos_token_id:
-                break
-            if 0 <= token < 256:
-                data.append(token)
-        return data.decode("utf-8", errors="replace")
 
 
 def _text_bytes(tokens: Sequence[int], length: int, eos_token_id: int) -> list[int]:
@@ -63,16 +45,28 @@ def _text_bytes(tokens: Sequence[int], length: int, eos_token_id: int) -> list[i
 
 @dataclass(frozen=True)
 class Task:
-    """A prompt set, a reward and the completion length the reward scores."""
+    """A prompt set, a reward (``make_reward(length, eos_token_id)``) and the completion
+    length the reward scores."""
 
     name: str
     description: str
     prompts: tuple[str, ...]
-    reward: Reward
+    make_reward: Callable[[int, int], Reward]
     length: int
 
+    def reward_for(self, eos_token_id: int) -> Reward:
+        """The task's reward for a model whose EOS is ``eos_token_id``."""
+        return self.make_reward(self.length, eos_token_id)
 
-def syllables_reward(length: int = 12, eos_token_id: int = 257) -> Reward:
+    @property
+    def reward(self) -> Reward:
+        """The reward for ``whitney-mock/tiny-byte`` (its EOS: the byte tokenizer's default)."""
+        eos = ByteTokenizer().eos_token_id
+        assert eos is not None
+        return self.reward_for(eos)
+
+
+def syllables_reward(length: int, eos_token_id: int) -> Reward:
     """One point per character that switches between consonant and vowel: a vowel after a
     non-vowel (the prompt's last character counts), a consonant after a vowel."""
 
@@ -90,7 +84,7 @@ def syllables_reward(length: int = 12, eos_token_id: int = 257) -> Reward:
     return reward
 
 
-def vowels_reward(length: int = 12, eos_token_id: int = 257) -> Reward:
+def vowels_reward(length: int, eos_token_id: int) -> Reward:
     """One point per vowel (a, e, i, o, u)."""
 
     def reward(tokens: Sequence[int], prompt_tokens: Sequence[int]) -> float:
@@ -99,7 +93,7 @@ def vowels_reward(length: int = 12, eos_token_id: int = 257) -> Reward:
     return reward
 
 
-def case_reward(length: int = 12, eos_token_id: int = 257) -> Reward:
+def case_reward(length: int, eos_token_id: int) -> Reward:
     """One point per letter in the prompt's case (upper-case prompt: upper-case letters)."""
 
     def reward(tokens: Sequence[int], prompt_tokens: Sequence[int]) -> float:
@@ -117,15 +111,15 @@ TASKS: dict[str, Task] = {
         "syllables",
         "alternate consonants and vowels (banotile...)",
         _WORDS,
-        syllables_reward(),
+        syllables_reward,
         12,
     ),
-    "vowels": Task("vowels", "answer with vowels only", _WORDS, vowels_reward(), 12),
+    "vowels": Task("vowels", "answer with vowels only", _WORDS, vowels_reward, 12),
     "case": Task(
         "case",
         "answer in the prompt's case",
         tuple(word.upper() if i % 2 else word for i, word in enumerate(_WORDS)),
-        case_reward(),
+        case_reward,
         12,
     ),
 }

@@ -71,7 +71,7 @@ def test_load_reward_accepts_the_seed_signature_and_the_prompt_aware_one(tmp_pat
     module = f"{tmp_path / 'rewards.py'}"
     assert load_reward(f"{module}:seed_style")([1, 2, 3], [256]) == 3.0
     assert load_reward(f"{module}:with_prompt")([1, 2, 3], [256]) == 1.0
-    with pytest.raises(ValueError, match="required arguments"):
+    with pytest.raises(ValueError, match=r"this one requires \(a, b, c\)"):
         load_reward(f"{module}:too_many")
     with pytest.raises(ValueError, match="MODULE:FUNCTION"):
         load_reward("no_colon")
