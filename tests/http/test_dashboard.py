@@ -317,3 +317,23 @@ def test_the_mock_command_prints_the_dashboard_url() -> None:
         server.wait(timeout=10)
         if server.stdout is not None:
             server.stdout.close()
+
+
+def test_previews_of_a_declared_model_are_token_ids(make_mock: Any) -> None:
+    mock = make_mock(control_plane=True, base_models=["acme/tiny:vocab_size=1000,eos=999"])
+    client = mock.client(KEY)
+    session = client.post(f"{API}/sessions", json={}).json()
+    run = client.post(f"{API}/sessions/{session['session_id']}/runs", json={
+        "base_model": "acme/tiny", "lora": {"rank": 4, "alpha": 8, "seed": 1},
+        "optimizer": "adamw"}).json()
+    url = f"{API}/runs/{run['run_id']}"
+    assert client.post(f"{url}/save_weights_for_sampler", json={"seq": 1, "version": 0}) \
+        .status_code == 200
+    sample = client.post(f"{url}/sample", json={
+        "seq": 2, "version": 0, "prompt": {"token_ids": [5, 600]}, "num_samples": 2,
+        "sampling": {"max_tokens": 6, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                     "seed": 1}}).json()
+    shown = run_of(state(client), run["run_id"])
+    assert shown["byte_model"] is False
+    (op,) = [op for op in shown["ops"] if op["primitive"] == "sample"]
+    assert [p["ids"] for p in op["previews"]] == [s["tokens"] for s in sample["sequences"]]
