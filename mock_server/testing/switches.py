@@ -5,7 +5,7 @@ A switch belongs to a :class:`Family`; the families are
 
 - ``violations`` (:mod:`.violations`): each breaks one contract rule, to prove the
   conformance suite fails exactly that rule;
-- ``legal_variants`` (``LEGAL_VARIANTS``, none yet): each uses a freedom the contract leaves
+- ``legal_variants`` (:mod:`.variants`): each uses a freedom the contract leaves
   a server (extra response fields, other error types for situations it does not name,
   ``Whitney-Replayed: false`` on first executions, another vocabulary size, other limits,
   fewer features or losses), to prove the suite does not fail a conforming server.
@@ -16,9 +16,10 @@ wrapper of the app's request-body reader, and ASGI middleware for what only show
 :func:`create_app_with` builds the app with every chosen switch on; ``create_app(violations=...)``
 delegates to it.
 
-To add a legal variant: name and describe it in ``LEGAL_VARIANTS``, implement it in a
-``testing/variants.py`` (a ``Backend`` subclass overriding seams, and/or a reader or
-middleware), and give ``LEGAL_VARIANT_FAMILY`` those parts.
+To add a switch: name and describe it in its family's catalogue (``VIOLATIONS`` or
+``LEGAL_VARIANTS``), implement it in that family's module (a ``Backend`` subclass overriding
+seams, and/or a reader or middleware), and list what the conformance suite must make of it in
+``tests/test_conformance_violations.py`` or ``tests/testing/test_legal_variants.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from starlette.middleware import Middleware
 from ..backend.state import Backend
 from ..http.app import create_app
 from ..http.endpoints import BodyReader, read_json
+from .variants import LEGAL_VARIANTS, VariantBackend, variant_middleware, variant_reader
 from .violations import VIOLATIONS, ViolatingBackend, violating_middleware, violating_reader
 
 __all__ = ["FAMILIES", "LEGAL_VARIANTS", "LEGAL_VARIANT_FAMILY", "VIOLATION_FAMILY", "Family",
@@ -65,12 +67,11 @@ class Family:
         return chosen
 
 
-#: Freedoms the contract leaves a server, by name (see the module docstring); none yet.
-LEGAL_VARIANTS: dict[str, str] = {}
-
 VIOLATION_FAMILY = Family("violations", "violation", VIOLATIONS, backend=ViolatingBackend,
                           reader=violating_reader, middleware=violating_middleware)
-LEGAL_VARIANT_FAMILY = Family("legal_variants", "legal variant", LEGAL_VARIANTS)
+LEGAL_VARIANT_FAMILY = Family("legal_variants", "legal variant", LEGAL_VARIANTS,
+                              backend=VariantBackend, reader=variant_reader,
+                              middleware=variant_middleware)
 
 #: Every family by its ``create_app_with`` keyword; a switch name belongs to one family only.
 FAMILIES: dict[str, Family] = {f.keyword: f for f in (VIOLATION_FAMILY, LEGAL_VARIANT_FAMILY)}
