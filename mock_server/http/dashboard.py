@@ -91,6 +91,8 @@ def _faults(request: Request, backend: Backend, key: str) -> list[dict[str, Any]
                 continue
         view = fault.view()
         view.pop("owner", None)
+        # counters of a fault for every tenant count every tenant's calls (the page says so)
+        view["scope"] = "every tenant" if owner is None and run_id is None else "this key"
         seen.append(view)
     return seen
 

@@ -108,6 +108,7 @@ def test_a_key_sees_only_its_own_sessions_runs_and_faults(ui_mock: Any) -> None:
                                                             on_my_run["fault_id"]]
     assert other_handle.run_id not in orjson_text(seen_by_me)
     assert on_their_run["fault_id"] not in orjson_text(seen_by_me)
+    assert [f["scope"] for f in seen_by_me["faults"]] == ["every tenant", "this key"]
 
 
 def orjson_text(data: Any) -> str:

@@ -243,12 +243,13 @@
       return;
     }
     const skip = new Set(["fault_id", "kind", "primitive", "run_id", "seed", "remaining", "seen",
-                          "fired", "active", "count", "skip", "probability"]);
+                          "fired", "active", "count", "skip", "probability", "scope"]);
     const rows = model.faults.map((f) => {
       const opts = Object.entries(f).filter(([k]) => !skip.has(k))
         .map(([k, v]) => `${esc(k)}=${esc(typeof v === "object" ? JSON.stringify(v) : v)}`)
         .join(" ");
-      const target = (f.primitive || "any call") + (f.run_id ? ` on ${shortId(f.run_id)}` : "");
+      const target = (f.primitive || "any call") + (f.run_id ? ` on ${shortId(f.run_id)}` : "") +
+        (f.scope === "every tenant" ? " (every tenant's calls)" : "");
       return `<tr class="fault${f.active ? "" : " spent"}" data-fault-id="${esc(f.fault_id)}">
         <td><b>${esc(f.kind)}</b> ${esc(opts)}</td><td>${esc(target)}</td>
         <td class="num" title="fired / matching calls seen">${f.fired} / ${f.seen}</td>
