@@ -153,6 +153,17 @@ class MSession:
     state: str = "open"
     run_ids: list[str] = field(default_factory=list)
     forgotten: bool = False
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class MCreation:
+    """LIFE-9: what a creation sent with an Idempotency-Key was first answered."""
+
+    scope: str  # "POST /sessions" or "POST /sessions/{sid}/runs"
+    canon: str  # the body, as ORD-3 compares it
+    content: bytes  # the 201 body, replayed byte for byte
+    session_id: str  # retention: as long as this session is remembered
 
 
 @dataclass
@@ -173,6 +184,7 @@ class Model:
         self.checkpoints: dict[str, MCheckpoint] = {}
         self.closed: list[str] = []  # retired sessions, oldest first
         self.retention = retention
+        self.creations: dict[str, MCreation] = {}  # LIFE-9, by Idempotency-Key (one API key)
 
     def retire(self, session: MSession) -> None:
         """LIFE-3/LIFE-4 retirement: versions are dropped from the view; after ``retention``
@@ -189,6 +201,8 @@ class Model:
             for checkpoint_id in [c for c, ck in self.checkpoints.items()
                                   if ck.session_id == old.session_id]:
                 del self.checkpoints[checkpoint_id]
+            for key in [k for k, c in self.creations.items() if c.session_id == old.session_id]:
+                del self.creations[key]  # LIFE-9: a key lives as long as its session
 
     def tick(self, now: float) -> None:
         """What time does: TTL expiry (LIFE-4) first, then ends of ``cancelling`` (LIFE-7)."""
@@ -216,6 +230,20 @@ class Model:
 
     def open_sessions(self) -> int:
         return sum(1 for s in self.sessions.values() if s.state == "open")
+
+    def listed(self, state: str | None, meta: tuple[str, str] | None) -> list[str]:
+        """LIFE-10: the sessions a listing shows, newest first."""
+        return [s.session_id for s in reversed(self.sessions.values()) if not s.forgotten
+                and (state is None or s.state == state)
+                and (meta is None or s.metadata.get(meta[0]) == meta[1])]
+
+    def creation(self, key: str, scope: str, body: dict[str, Any]) -> tuple[str, MCreation | None]:
+        """LIFE-9: ``("new", None)``, ``("replay", record)`` or ``("conflict", record)``."""
+        found = self.creations.get(key)
+        if found is None:
+            return "new", None
+        same = found.scope == scope and found.canon == json.dumps(body, sort_keys=True)
+        return ("replay" if same else "conflict"), found
 
 
 @dataclass

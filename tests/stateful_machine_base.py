@@ -60,12 +60,15 @@ class WhitneyMachineBase(RuleBasedStateMachine):
 
     # -- plumbing -------------------------------------------------------------------------
     def send(self, method: str, path: str, body: Any = None, *,
-             content: bytes | None = None) -> httpx.Response:
+             content: bytes | None = None, headers: dict[str, str] | None = None,
+             params: dict[str, Any] | None = None) -> httpx.Response:
         if content is not None:
-            response = self.http.request(method, path, content=content,
-                                         headers={"Content-Type": "application/json"})
+            response = self.http.request(method, path, content=content, params=params,
+                                         headers={"Content-Type": "application/json",
+                                                  **(headers or {})})
         else:
-            response = self.http.request(method, path, json=body)
+            response = self.http.request(method, path, json=body, headers=headers,
+                                         params=params)
         assert response.status_code < 500, f"{method} {path}: {response.text}"  # never a 5xx
         return response
 

@@ -3,8 +3,10 @@
 ``WhitneyMachine`` drives one mock through random interleavings of every primitive (valid and
 refused bodies), version saves (VER-1), replays of earlier seqs with the same or a changed body
 (ORD-3), gaps (ORD-2), pipelined and interrupted held requests, cancels with polling (LIFE-7),
-finishes, server-side failures, TTL expiry (LIFE-4), heartbeats, closes (LIFE-3) and the
-closed-session retention window, beside a plain-dict model of what the contract says must
+finishes, server-side failures, TTL expiry (LIFE-4), heartbeats, closes (LIFE-3), the
+closed-session retention window, creations with an Idempotency-Key from a small pool (LIFE-9:
+replays byte for byte, 409 for another body or path, keys forgotten with their session) and
+listings of every page (LIFE-10: newest first, filtered by state and metadata, runs per view), beside a plain-dict model of what the contract says must
 happen (``Model``; it and the body strategies live in ``stateful_contract_model``). After every
 step the invariants compare server and model: run and session views (state, ``next_seq``,
 ``step``, versions), the executed trace (``/_mock/trace``: every seq once, in order, with the
@@ -27,13 +29,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import settings, strategies as st
+from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import Bundle, initialize, invariant, multiple, precondition, rule
 
 from conftest import API, MODEL, expect_error
 from hypothesis_profiles import examples, steps
-from stateful_contract_model import PRIMITIVES, TERMINAL, WITH_TOKENS, MRun, MSession, body_st
+from stateful_contract_model import (PRIMITIVES, TERMINAL, WITH_TOKENS, MCreation, MRun,
+                                     MSession, body_st)
 from stateful_machine_base import HOLD_MS, LIMITS, ORDER_WAIT_MS, WhitneyMachineBase
+
+
+#: LIFE-9: a small pool, so a key comes back with the same body, another body or another path.
+IDEMPOTENCY_KEYS = ["k-0", "k-1", "k-2"]
 
 
 # -- the machine ------------------------------------------------------------------------------
@@ -67,24 +74,79 @@ class WhitneyMachine(WhitneyMachineBase):
 
     @rule(target=sessions, ttl=st.none() | st.integers(1, 4))
     def create_session(self, ttl: int | None) -> Any:
-        body = {} if ttl is None else {"ttl_seconds": ttl}
-        response = self.send("POST", f"{API}/sessions", body)
+        return self.open_session({} if ttl is None else {"ttl_seconds": ttl})
+
+    def open_session(self, body: dict[str, Any], key: str | None = None) -> Any:
+        """LIFE-1 (and LIFE-9 with ``key``): the answer the model expects, the model moved."""
+        headers = {"Idempotency-Key": key} if key is not None else None
+        response = self.send("POST", f"{API}/sessions", body, headers=headers)
+        if key is not None:
+            kind, record = self.model.creation(key, "POST /sessions", body)
+            event(f"create_session with a key: {kind}")
+            if self.answered_by_record(response, kind, record):
+                return multiple()
         if self.model.open_sessions() >= LIMITS["max_sessions"]:
             expect_error(response, 409, "quota_exceeded")
             return multiple()
         assert response.status_code == 201, response.text
+        assert "Whitney-Replayed" not in response.headers
         view = response.json()
-        session = MSession(view["session_id"], ttl, None if ttl is None else self.clock.now + ttl)
+        ttl = body.get("ttl_seconds")
+        session = MSession(view["session_id"], ttl, None if ttl is None else self.clock.now + ttl,
+                           metadata=dict(body.get("metadata") or {}))
         self.model.sessions[session.session_id] = session
         assert view["state"] == "open" and (view["expires_at"] is None) == (ttl is None)
+        assert view["metadata"] == session.metadata and view["runs"] == []
+        if key is not None:
+            self.model.creations[key] = MCreation("POST /sessions", json.dumps(
+                body, sort_keys=True), response.content, session.session_id)
         return session.session_id
+
+    def answered_by_record(self, response: Any, kind: str, record: MCreation | None) -> bool:
+        """LIFE-9: a replay answers the first answer byte for byte; a conflict is 409."""
+        if kind == "replay":
+            assert record is not None and response.status_code == 201, response.text
+            assert response.content == record.content
+            assert response.headers.get("Whitney-Replayed") == "true"
+            return True
+        if kind == "conflict":
+            expect_error(response, 409, "idempotency_conflict")
+            return True
+        return False
+
+    @rule(target=sessions, key=st.sampled_from(IDEMPOTENCY_KEYS), ttl=st.none() | st.just(2),
+          team=st.sampled_from(["red", "blue"]))
+    def create_session_once(self, key: str, ttl: int | None, team: str) -> Any:
+        """LIFE-9: a creation with an Idempotency-Key from a small pool, so keys are reused
+        with the same body (a replay), another body or another path (409), or after their
+        session left the retention window (a new creation)."""
+        body: dict[str, Any] = {"metadata": {"team": team}}
+        if ttl is not None:
+            body["ttl_seconds"] = ttl
+        return self.open_session(body, key)
+
+    @rule(target=runs, session_id=sessions, rank=st.sampled_from([2, 4]),
+          key=st.sampled_from(IDEMPOTENCY_KEYS))
+    def create_run_once(self, session_id: str, rank: int, key: str) -> Any:
+        """LIFE-9 on ``POST /sessions/{sid}/runs``, replayed before the session's state and
+        quota are looked at (even once it is closed)."""
+        return self.create_run_with(session_id, rank, key)
 
     @rule(target=runs, session_id=sessions, rank=st.sampled_from([2, 4]))
     def create_run(self, session_id: str, rank: int) -> Any:
+        return self.create_run_with(session_id, rank, None)
+
+    def create_run_with(self, session_id: str, rank: int, key: str | None) -> Any:
         session = self.model.sessions[session_id]
-        response = self.send("POST", f"{API}/sessions/{session_id}/runs", {
-            "base_model": MODEL, "lora": {"rank": rank, "alpha": 8.0, "seed": rank},
-            "optimizer": "adamw"})
+        body = {"base_model": MODEL, "lora": {"rank": rank, "alpha": 8.0, "seed": rank},
+                "optimizer": "adamw"}
+        response = self.send("POST", f"{API}/sessions/{session_id}/runs", body,
+                             headers=None if key is None else {"Idempotency-Key": key})
+        if key is not None:
+            kind, record = self.model.creation(key, f"POST /sessions/{session_id}/runs", body)
+            event(f"create_run with a key: {kind}")
+            if self.answered_by_record(response, kind, record):
+                return multiple()
         if session.forgotten:
             expect_error(response, 404, "not_found")
         elif session.state != "open":  # a closed or expired session accepts no new run
@@ -100,8 +162,40 @@ class WhitneyMachine(WhitneyMachineBase):
             self.model.runs[run.run_id] = run
             run.weights = self.server_weights(run)
             session.run_ids.append(run.run_id)
+            if key is not None:
+                self.model.creations[key] = MCreation(
+                    f"POST /sessions/{session_id}/runs", json.dumps(body, sort_keys=True),
+                    response.content, session_id)
             return run.run_id
         return multiple()
+
+    @rule(limit=st.sampled_from([1, 2, 5]), state=st.none() | st.sampled_from(
+        ["open", "closed", "expired"]), team=st.none() | st.sampled_from(["red", "blue"]))
+    def list_sessions(self, limit: int, state: str | None, team: str | None) -> None:
+        """LIFE-10: every page of a listing together is the model's sessions, newest first,
+        filtered; each page holds at most ``limit``; each view's runs are the model's."""
+        params: dict[str, Any] = {"limit": limit}
+        if state is not None:
+            params["state"] = state
+        if team is not None:
+            params.update(metadata_key="team", metadata_value=team)
+        listed: list[dict[str, Any]] = []
+        while True:
+            page = self.send("GET", f"{API}/sessions", params=params).json()
+            assert len(page["sessions"]) <= limit
+            listed += page["sessions"]
+            if page["next_cursor"] is None:
+                break
+            assert len(page["sessions"]) == limit
+            params["cursor"] = page["next_cursor"]
+        expected = self.model.listed(state, None if team is None else ("team", team))
+        event(f"listed {'0' if not expected else '1-3' if len(expected) < 4 else '4+'}")
+        assert [v["session_id"] for v in listed] == expected
+        for view in listed:
+            session = self.model.sessions[view["session_id"]]
+            assert view["state"] == session.state and view["metadata"] == session.metadata
+            assert view["runs"] == [{"run_id": r, "state": self.model.runs[r].state}
+                                    for r in session.run_ids]
 
     # -- primitives (ORD-1..4) ------------------------------------------------------------
     @rule(run_id=runs, count=st.integers(1, 6), data=st.data())
@@ -326,7 +420,10 @@ class WhitneyMachine(WhitneyMachineBase):
             if session.forgotten:
                 expect_error(response, 404, "not_found")
             else:
-                assert response.json()["state"] == session.state
+                view = response.json()
+                assert view["state"] == session.state
+                assert view["runs"] == [{"run_id": r, "state": self.model.runs[r].state}
+                                        for r in session.run_ids]  # LIFE-10
 
 
 WhitneyMachine.TestCase.settings = settings(max_examples=examples(100, 1000),
