@@ -201,7 +201,8 @@ def test_life_5_create_run_view(client):
     ({"base_model": MODEL, "lora": {"rank": 4, "alpha": 0}, "optimizer": "adamw"}, None),
     ({"base_model": MODEL, "lora": {"rank": 4, "alpha": 8}, "optimizer": "sgd"}, None),
     ({"base_model": MODEL, "lora": {"rank": 4, "alpha": 8}}, None),
-    ({"base_model": MODEL, "lora": {"rank": 4.0, "alpha": 8}, "optimizer": "adamw"}, None),
+    ({"base_model": MODEL, "lora": {"rank": 4.5, "alpha": 8}, "optimizer": "adamw"},
+     None),  # contract 1.1: 4.0 is the integer 4; a fraction stays 422
     ({"base_model": MODEL, "lora": {"rank": 4, "alpha": 8, "dropout": 0.1},
       "optimizer": "adamw"}, "unknown_field"),
 ])
