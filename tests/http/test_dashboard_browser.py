@@ -155,7 +155,7 @@ def test_the_dashboard_shows_training_live(browser: Any, artifacts: Path) -> Non
         task = get_task("syllables")
         tokenizer = ByteTokenizer()
         config = LoopConfig(cycles=2, group_size=8, prompts_per_cycle=2, max_tokens=12,
-                            skip_uniform_groups=True)
+                            skip_uniform_groups=True, base_model="whitney-mock/tiny-byte")
         client = WhitneyClient.connect(whitney.base_url, KEY)
         plain = httpx.Client(base_url=whitney.base_url, timeout=60,
                              headers={"Authorization": f"Bearer {KEY}"})
