@@ -114,9 +114,9 @@ def test_unknown_switch_is_refused() -> None:
 
 def test_switches_are_not_reachable_over_http() -> None:
     """The control plane (the mock's only extra surface) has no field for violations."""
-    app = create_app(api_keys=("k",), control_plane=True)
+    app = create_app(api_keys=("k",), control_plane=True, control_key="control")
     with httpx.Client(transport=InProcessTransport(app), base_url="http://m",
-                      headers={"Authorization": "Bearer k"}) as client:
+                      headers={"Authorization": "Bearer control"}) as client:  # reset needs it
         reply = client.post("/_mock/reset", json={"violations": ["foreign_403"]})
         assert reply.status_code == 422
         assert reply.json()["error"]["type"] == "unknown_field"

@@ -31,7 +31,7 @@ from conformance.registry import Status
 from conformance.runner import Summary
 from conformance.target import (EMBEDDED_API_KEY, EMBEDDED_BASE_URL, EMBEDDED_DEFAULTS,
                                 EMBEDDED_SECOND_API_KEY, Target)
-from mock_server import InProcessTransport
+from mock_server import Backend, InProcessTransport
 from mock_server.testing.switches import create_app_with
 from mock_server.testing.variants import LEGAL_VARIANTS
 
@@ -195,6 +195,16 @@ def test_strict_profile_flags_exactly_the_difference(variant: str) -> None:
     else:
         assert flagged <= {SCHEMA_1}
     assert summary.exit_code == (3 if expect.strict else 0)
+
+
+def test_variants_are_not_reachable_over_http() -> None:
+    """Like the violations: in-process only; the control plane has no field for them."""
+    app = create_app_with(api_keys=("k",), control_plane=True, control_key="control")
+    with httpx.Client(transport=InProcessTransport(app), base_url="http://m",
+                      headers={"Authorization": "Bearer control"}) as client:
+        reply = client.post("/_mock/reset", json={"legal_variants": ["small_vocab"]})
+        assert (reply.status_code, reply.json()["error"]["type"]) == (422, "unknown_field")
+    assert type(app.state.backend) is Backend
 
 
 # -- each switch really changes the mock ---------------------------------------------------
