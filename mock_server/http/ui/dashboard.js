@@ -248,10 +248,11 @@
       const opts = Object.entries(f).filter(([k]) => !skip.has(k))
         .map(([k, v]) => `${esc(k)}=${esc(typeof v === "object" ? JSON.stringify(v) : v)}`)
         .join(" ");
-      const target = (f.primitive || "any call") + (f.run_id ? ` on ${shortId(f.run_id)}` : "") +
-        (f.scope === "every tenant" ? " (every tenant's calls)" : "");
+      const target = (f.primitive || "any call") + (f.run_id ? ` on ${shortId(f.run_id)}` : "");
+      const scope = f.scope === "every tenant" ?
+        '<br><span class="hint" title="armed for every key: its counters count every key\'s calls">all keys</span>' : "";
       return `<tr class="fault${f.active ? "" : " spent"}" data-fault-id="${esc(f.fault_id)}">
-        <td><b>${esc(f.kind)}</b> ${esc(opts)}</td><td>${esc(target)}</td>
+        <td><b>${esc(f.kind)}</b> ${esc(opts)}</td><td>${esc(target)}${scope}</td>
         <td class="num" title="fired / matching calls seen">${f.fired} / ${f.seen}</td>
         <td>${f.active ? (f.remaining === null ? "∞ left" : f.remaining + " left") : "spent"}</td></tr>`;
     }).join("");
