@@ -8,10 +8,13 @@ uvicorn on 127.0.0.1 (never another interface), in this process:
     -> forward_backward(importance_sampling) ‖ optim_step(explicit AdamW)  (sent at once)
 
 then save_state ‖ export_lora, finish, close. A chaos thread arms faults through the control
-plane (``POST /_mock/faults``) on the cycle primitives, in turn: 503 before executing, 503
-after executing, a dropped response after executing, and latency longer than the clients'
-read timeout (a client-side timeout). Clients retry every primitive with the SAME seq and the
-SAME bytes (ORD-3), so every lost answer comes back as a replay.
+plane (``POST /_mock/faults``, with the mock's control key) on the cycle primitives, in turn:
+503 before executing, 503 after executing, a dropped response after executing, latency longer
+than the clients' read timeout (a client-side timeout), and 429 with ``Retry-After``. Before the
+clients start it also arms dropped responses on ``--dropped-creations`` session creations and
+as many run creations (the server created the resource, the client never heard). Clients
+retry every primitive with the SAME seq and the SAME bytes (ORD-3) and every creation with the
+SAME ``Idempotency-Key`` (LIFE-9), so every lost answer comes back as a replay.
 
 Checked at the end (any failure: exit status 1):
 
@@ -21,6 +24,10 @@ Checked at the end (any failure: exit status 1):
   in-process mock answers (so nothing ran twice or out of order), and the final run view
   matches (state, step, versions);
 - no 5xx reached a client except the injected ones, and the server logged no crash;
+- nothing lost and nothing created twice: each client's key lists (LIFE-10) exactly the one
+  session the client knows, holding exactly the one run it knows, closed and finished
+  (``lost`` counts what a client created but does not know or could not create, and what was
+  left open; ``double_created`` what exists beyond one session and one run per client);
 - traced memory (tracemalloc, this whole process) is back to its baseline. Baseline and end
   are reached the same way: a fault-free client warms every cache (the model's bounded cache
   of compiled adapters included), then empty sessions push everything out of the mock's
@@ -52,8 +59,8 @@ import orjson
 
 from mock_server import InProcessTransport, create_app
 
-from .soak_client import (API, FAULTS, Chaos, ClientResult, Config, Counters, SoakError,
-                          grpo_client, run_body)
+from .soak_client import (API, CREATIONS, FAULTS, Chaos, ClientResult, Config, Counters,
+                          SoakError, grpo_client, run_body)
 
 __all__ = ["FAULTS", "Config", "main", "run_soak"]
 
@@ -166,6 +173,36 @@ def verify(results: list[ClientResult], trace: dict[str, list[dict[str, Any]]],
     return problems, len(problems) - failed
 
 
+def count_created(base_url: str, results: list[ClientResult], seed: int) -> dict[str, int]:
+    """Server side against client side, per client key: the soak's sessions its key lists
+    (LIFE-10, the client's metadata tag) and their runs, versus the one session and one run
+    the client knows."""
+    counts = dict.fromkeys(("sessions_server", "runs_server", "sessions_client", "runs_client",
+                            "lost", "double_created"), 0)
+    for r in results:
+        with httpx.Client(base_url=base_url + API, timeout=30,
+                          headers={"Authorization": f"Bearer soak-key-{r.index:02d}"}) as http:
+            page = http.get("/sessions", params={"metadata_key": "soak-client",
+                                                 "metadata_value": str(r.index),
+                                                 "limit": 200}).json()
+        sessions = [v for v in page["sessions"] if v["metadata"].get("soak-seed") == str(seed)]
+        runs = [run for view in sessions for run in view["runs"]]
+        counts["sessions_server"] += len(sessions)
+        counts["runs_server"] += len(runs)
+        counts["sessions_client"] += bool(r.session_id)
+        counts["runs_client"] += bool(r.run_id)
+        known_sessions = [v for v in sessions if v["session_id"] == r.session_id]
+        known_runs = [run for run in runs if run["run_id"] == r.run_id]
+        counts["double_created"] += len(sessions) - len(known_sessions)
+        counts["double_created"] += len(runs) - len(known_runs)
+        counts["lost"] += (not r.session_id) + (not r.run_id)  # creations that never came back
+        counts["lost"] += sum(1 for v in known_sessions if v["state"] != "closed")
+        counts["lost"] += sum(1 for run in known_runs if run["state"] != "finished")
+        counts["lost"] += (bool(r.session_id) and not known_sessions) + \
+            (bool(r.run_id) and not known_runs)  # known to the client, not to the server
+    return counts
+
+
 def cycle_empty_sessions(base_url: str, key: str, n: int) -> None:
     with httpx.Client(base_url=base_url + API, headers={"Authorization": f"Bearer {key}"},
                       timeout=30) as http:
@@ -189,6 +226,7 @@ def run_soak(config: Config) -> dict[str, Any]:
     keys = [f"soak-key-{i:02d}" for i in range(config.clients)]
     app = create_app(api_keys=keys, seed=config.seed, control_plane=True,
                      limits={"order_wait_ms": 5000}, violations=frozenset(config.violations))
+    control_key: str = app.state.control_key  # faults on every call, every run's trace
     # The mock forgets a closed session after `closed_retention` more have closed; the soak
     # measures memory once its sessions are gone, so a window just above the number of
     # clients keeps that flush short. Its size changes when memory returns, not whether.
@@ -218,7 +256,8 @@ def run_soak(config: Config) -> dict[str, Any]:
             phases["baseline"] = time.monotonic() - started - sum(phases.values())
 
             counters = Counters()
-            chaos = Chaos(server.url, keys[0], config)
+            chaos = Chaos(server.url, control_key, config)
+            chaos.arm_creation_drops()
             chaos.start()
             deadline = time.monotonic() + config.seconds
             with ThreadPoolExecutor(max_workers=config.clients) as pool:
@@ -234,8 +273,9 @@ def run_soak(config: Config) -> dict[str, Any]:
             if "timeout" in config.fault_kinds:  # delayed originals land (as replays)
                 time.sleep(config.client_timeout * 2)
             with httpx.Client(base_url=server.url, timeout=30,
-                              headers={"Authorization": f"Bearer {keys[0]}"}) as http:
+                              headers={"Authorization": f"Bearer {control_key}"}) as http:
                 trace = http.get("/_mock/trace").json()["runs"]
+            created = count_created(server.url, results, config.seed)
             peak = tracemalloc.get_traced_memory()[1] - baseline
 
             phases["settle"] = time.monotonic() - started - sum(phases.values())
@@ -245,7 +285,10 @@ def run_soak(config: Config) -> dict[str, Any]:
                 "clients": config.clients,
                 "cycles_completed": sum(len(r.versions) for r in results),
                 "primitives": sum(len(r.intended) for r in results), "faults_fired": fired,
-                "faults_total": sum(fired.values()), **counters.as_dict(),
+                "faults_total": sum(fired.values()),
+                "injected_429": fired["429_retry_after"],
+                "dropped_creations": sum(fired[f"drop_{name}"] for name in CREATIONS),
+                **counters.as_dict(), **created,
                 "mismatches": mismatches, "failed_clients": sum(1 for r in results if r.error),
             })
             phases["verify"] = time.monotonic() - started - sum(phases.values())
@@ -269,6 +312,11 @@ def run_soak(config: Config) -> dict[str, Any]:
         problems.append(f"chaos thread: {chaos.error}")
     if counters.unexpected_5xx:
         problems.append(f"{counters.unexpected_5xx} 5xx answers that were not injected")
+    if figures.get("lost") or figures.get("double_created"):
+        problems.append(f"lost {figures.get('lost')}, double-created "
+                        f"{figures.get('double_created')} (server: {figures.get('sessions_server')}"
+                        f" sessions / {figures.get('runs_server')} runs, clients: "
+                        f"{figures.get('sessions_client')} / {figures.get('runs_client')})")
     problems += [f"server logged: {c}" for c in server_log.crashes]
     # What stays is bounded caches (urllib/re/httpx URL caches, numpy, thread bookkeeping,
     # ~0.2 MiB whatever the soak's length); the soak's sessions alone weigh several MiB.
@@ -301,12 +349,16 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"fault kinds to inject, from {','.join(FAULTS)}")
     parser.add_argument("--fault-primitives", default=",".join(defaults.fault_primitives),
                         help="primitives the faults target")
+    parser.add_argument("--dropped-creations", type=int, default=defaults.dropped_creations,
+                        help="responses dropped after creating, per creation kind (sessions, "
+                             "runs); the clients' Idempotency-Key must bring each back")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     config = Config(clients=args.clients, cycles=args.cycles, seconds=args.seconds,
                     client_timeout=args.client_timeout, fault_interval=args.fault_interval,
                     fault_burst=args.fault_burst, seed=args.seed,
+                    dropped_creations=args.dropped_creations,
                     fault_kinds=tuple(k for k in args.faults.split(",") if k),
                     fault_primitives=tuple(p for p in args.fault_primitives.split(",") if p))
     unknown = set(config.fault_kinds) - set(FAULTS)

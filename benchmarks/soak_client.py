@@ -2,10 +2,12 @@
 
 ``grpo_client`` runs one client's session and run: ``--cycles`` pipelined GRPO cycles (ORD-2),
 then save_state ‖ export_lora, finish, close, through a ``RetryingClient`` that re-sends every
-primitive with the SAME seq and bytes after a lost answer (ORD-3), and keeps what it intended
-and what it was answered (``ClientResult``) for the soak's checks. ``Chaos`` arms faults
-through the control plane (``POST /_mock/faults``) while the clients run. ``Config`` is the
-soak's configuration, shared by both.
+primitive with the SAME seq and bytes after a lost answer (ORD-3), and every creation with the
+SAME ``Idempotency-Key`` (LIFE-9), and keeps what it intended and what it was answered
+(``ClientResult``) for the soak's checks. ``Chaos`` arms faults through the control plane
+(``POST /_mock/faults``, with the mock's control key) while the clients run; 429 with
+``Retry-After`` is one of its kinds, and dropped creation responses are armed before the
+clients start. ``Config`` is the soak's configuration, shared by both.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import random
 import statistics
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +37,11 @@ FAULTS: dict[str, dict[str, Any]] = {
     "503_after": {"kind": "error", "status": 503, "after_execute": True},
     "drop_after": {"kind": "drop", "after_execute": True},
     "timeout": {"kind": "latency"},  # delay_ms set from the client timeout
+    "429_retry_after": {"kind": "throttle", "retry_after": 1},  # ERR-2: wait, then retry
 }
+#: Creations whose response is dropped after the server created the resource (LIFE-9): armed
+#: before the clients start, ``Config.dropped_creations`` of each.
+CREATIONS = ("create_session", "create_run")
 
 
 @dataclass
@@ -52,6 +59,7 @@ class Config:
     fault_kinds: tuple[str, ...] = tuple(FAULTS)
     fault_primitives: tuple[str, ...] = tuple(CYCLE_PRIMITIVES)
     seed: int = 0
+    dropped_creations: int = 4  # per creation kind (create_session, create_run); 0: none
     violations: tuple[str, ...] = ()  # mock_server.testing.violations, in-process only: proves the
     # soak's checks can fail (tests/test_soak_short.py)
 
@@ -62,6 +70,8 @@ class Counters:
     requests: int = 0
     retries: int = 0
     replays: int = 0
+    creation_replays: int = 0
+    throttled: int = 0
     timeouts: int = 0
     dropped: int = 0
     injected_5xx: int = 0
@@ -84,7 +94,8 @@ class SoakError(Exception):
 
 class RetryingClient:
     """A minimal Whitney client: primitives are re-sent with the same seq and bytes after a
-    transport error, a 5xx, 429 or ``seq_gap`` (all leave a replay or a fresh turn, ORD-3/4)."""
+    transport error, a 5xx, 429 (after ``Retry-After``) or ``seq_gap`` (all leave a replay or a
+    fresh turn, ORD-3/4); creations likewise with their ``Idempotency-Key`` (LIFE-9)."""
 
     def __init__(self, base_url: str, key: str, timeout: float, counters: Counters) -> None:
         self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"},
@@ -93,16 +104,19 @@ class RetryingClient:
         self.counters = counters
 
     def call(self, method: str, path: str, body: bytes | None = None, *,
-             retry: bool = True, attempts: int = 60) -> tuple[int, Any, bytes]:
+             retry: bool = True, attempts: int = 60,
+             idempotency_key: str | None = None) -> tuple[int, Any, bytes]:
         outcomes: list[str] = []
+        headers = {"Content-Type": "application/json"}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
         for attempt in range(attempts):
             if attempt:
                 self.counters.add(retries=1)
                 time.sleep(min(0.2, 0.01 * attempt))
             self.counters.add(requests=1)
             try:
-                response = self.http.request(method, API + path, content=body,
-                                             headers={"Content-Type": "application/json"})
+                response = self.http.request(method, API + path, content=body, headers=headers)
             except httpx.TimeoutException:
                 outcomes.append("timeout")
                 self.counters.add(timeouts=1)
@@ -130,10 +144,11 @@ class RetryingClient:
                 self.counters.add(seq_gaps=1)
                 continue
             elif response.status_code == 429:
+                self.counters.add(throttled=1)
                 time.sleep(float(response.headers.get("Retry-After", "1")))
                 continue
             if response.headers.get("Whitney-Replayed") == "true":
-                self.counters.add(replays=1)
+                self.counters.add(replays=1, creation_replays=int(idempotency_key is not None))
             return response.status_code, parsed, response.content
         raise SoakError(f"{method} {path}: no answer after {attempts} attempts "
                         f"({', '.join(outcomes[:5])} ... {', '.join(outcomes[-3:])})")
@@ -179,6 +194,11 @@ class ClientResult:
     error: str | None = None
 
 
+def session_body(config: Config, index: int) -> bytes:
+    """Tagged so the soak finds each client's sessions afterwards (LIFE-10 listing)."""
+    return orjson.dumps({"metadata": {"soak-seed": str(config.seed), "soak-client": str(index)}})
+
+
 def run_body(index: int) -> bytes:
     return orjson.dumps({"base_model": MODEL, "lora": {"rank": 4, "alpha": 8.0,
                                                        "seed": 1000 + index},
@@ -207,12 +227,13 @@ def grpo_client(config: Config, base_url: str, index: int, counters: Counters,
                    for primitive, body in calls]
         return [f.result() for f in futures]
 
-    try:
-        status, session, _ = client.call("POST", "/sessions", b"{}", retry=False)
+    try:  # LIFE-9: one Idempotency-Key per creation, the same on every retry
+        status, session, _ = client.call("POST", "/sessions", session_body(config, index),
+                                         idempotency_key=uuid.uuid4().hex)
         assert status == 201, session
         result.session_id = session["session_id"]
         status, run, _ = client.call("POST", f"/sessions/{result.session_id}/runs",
-                                     run_body(index), retry=False)
+                                     run_body(index), idempotency_key=uuid.uuid4().hex)
         assert status == 201, run
         result.run_id = run["run_id"]
         for cycle in range(config.cycles):
@@ -259,10 +280,10 @@ class Chaos(threading.Thread):
     call again), with the kind taken in turn from ``FAULTS``; each lets ``fault_skip`` (a
     range) calls of its primitive through, then fires on the next ``fault_burst``."""
 
-    def __init__(self, base_url: str, key: str, config: Config) -> None:
+    def __init__(self, base_url: str, control_key: str, config: Config) -> None:
         super().__init__(name="soak-chaos", daemon=True)
-        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"},
-                                 timeout=10)
+        self.http = httpx.Client(base_url=base_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {control_key}"})
         self.config = config
         self.rng = random.Random(config.seed)
         self.stop = threading.Event()
@@ -293,8 +314,19 @@ class Chaos(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - reported, and fails the soak
             self.error = f"{type(exc).__name__}: {exc}"
 
+    def arm_creation_drops(self) -> None:
+        """Before the clients start: drop the response of ``dropped_creations`` creations of
+        each kind after the server created the resource (LIFE-9 must bring it back)."""
+        for name in CREATIONS:
+            if self.config.dropped_creations:
+                response = self.http.post("/_mock/faults", json={
+                    "kind": "drop", "primitive": name, "after_execute": True,
+                    "count": self.config.dropped_creations, "skip": 1})
+                response.raise_for_status()
+                self.armed[response.json()["fault_id"]] = f"drop_{name}"
+
     def fired(self) -> dict[str, int]:
-        counts = dict.fromkeys(FAULTS, 0)
+        counts = dict.fromkeys([*FAULTS, *(f"drop_{name}" for name in CREATIONS)], 0)
         for fault in self.http.get("/_mock/faults").json()["faults"]:
             counts[self.armed[fault["fault_id"]]] += fault["fired"]
         return counts
