@@ -5,14 +5,18 @@ non-UTF-8 or non-object bodies; ``dump`` writes them, duplicate keys and raw lit
 included) against a ``World`` (a fresh run with a saved version, gradients, a checkpoint and
 an export); ``observe`` snapshots everything a request could change and ``check`` asserts the
 invariants of one answer against the snapshot before it. ``STATS``/``KNOWN`` count outcomes
-for the fuzz's summary; ``KNOWN_BUGS`` lists mock bugs recognised by signature. Not a test
-module: ``from fuzz_support import ...``.
+for the fuzz's summary; ``KNOWN_BUGS`` lists mock bugs recognised by signature.
+``draw_headers`` and ``asgi_call`` do the same for headers (Content-Type variants, long and
+non-ASCII ``X-Request-Id``, a ``Content-Length`` that lies, chunked bodies, two
+``Authorization`` headers), sent straight into the ASGI app. Not a test module:
+``from fuzz_support import ...``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from collections import Counter
 from typing import Any
 
@@ -400,3 +404,101 @@ def draw_request(data: st.DataObject, world: World, next_seq: int) -> tuple[str,
     for _ in range(data.draw(st.integers(1, 3), label="mutations")):
         body = mutate(data, body)
     return endpoint, url, dump(body)
+
+
+# -- hostile headers (issue 14): driven at the ASGI level, so every byte is ours ------------------
+CONTENT_TYPES: list[bytes | None] = [
+    None, b"application/json", b"application/json; charset=utf-8", b"APPLICATION/JSON",
+    b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data; boundary=zz",
+    b"application/json; charset=latin-1", b"", b"\xff\xfe/\x00", b"application/problem+json"]
+REQUEST_IDS: list[bytes | None] = [
+    None, b"", b"r" * 5000, "caf\u00e9-\u2713".encode("utf-8"), b"\xff\xfe\x80id",
+    b"a b\tc", b"x" * 199 + "\u00e9".encode("utf-8"), b"0" * 200]
+CONTENT_LENGTHS = ["exact", "none", "short", "long", "huge", "text", "negative", "twice"]
+AUTHORIZATIONS = ["one", "none", "two_same", "two_valid_first", "two_valid_second"]
+
+
+@dataclass
+class RawReply:
+    """What the app answered one ASGI request: status, raw header pairs, body."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    content: bytes
+
+    def header(self, name: bytes) -> list[bytes]:
+        return [v for k, v in self.headers if k.lower() == name]
+
+    def as_httpx(self) -> httpx.Response:
+        return httpx.Response(self.status, headers=self.headers, content=self.content)
+
+
+async def asgi_call(app: Any, method: str, path: str, headers: list[tuple[bytes, bytes]],
+                    chunks: list[bytes]) -> RawReply:
+    """One request straight into the ASGI app: ``headers`` exactly as given (duplicates,
+    non-ASCII bytes, a lying Content-Length), the body as ``chunks`` (http.request messages
+    with more_body, as a chunked transfer arrives)."""
+    messages = [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+                for i, chunk in enumerate(chunks)] or [{"type": "http.request", "body": b""}]
+    pending = list(messages)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return pending.pop(0)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "headers": headers,
+             "client": ("127.0.0.1", 5000), "server": ("mock", 80)}
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return RawReply(start["status"], list(start.get("headers", [])), body)
+
+
+def draw_headers(data: st.DataObject, raw: bytes, key: str
+                 ) -> tuple[list[tuple[bytes, bytes]], list[bytes], dict[str, Any]]:
+    """Hostile headers and a chunking for a body ``raw``; also what was drawn."""
+    drawn = {
+        "content_type": data.draw(st.sampled_from(CONTENT_TYPES), label="content-type"),
+        "request_id": data.draw(st.sampled_from(REQUEST_IDS) | st.binary(max_size=300),
+                                label="x-request-id"),
+        "content_length": data.draw(st.sampled_from(CONTENT_LENGTHS), label="content-length"),
+        # mostly the one right header, so the others' effects show past SEC-1
+        "authorization": data.draw(st.sampled_from(["one"] * 8 + AUTHORIZATIONS[1:]),
+                                   label="authorization"),
+        "chunks": data.draw(st.integers(1, 6), label="chunks"),
+    }
+    bearer = f"Bearer {key}".encode()
+    headers: list[tuple[bytes, bytes]] = []
+    auth = drawn["authorization"]
+    if auth == "one":
+        headers.append((b"authorization", bearer))
+    elif auth == "two_same":
+        headers += [(b"authorization", bearer), (b"authorization", bearer)]
+    elif auth == "two_valid_first":
+        headers += [(b"authorization", bearer), (b"authorization", b"Bearer someone-else")]
+    elif auth == "two_valid_second":
+        headers += [(b"authorization", b"Bearer someone-else"), (b"authorization", bearer)]
+    if drawn["content_type"] is not None:
+        headers.append((b"content-type", drawn["content_type"]))
+    if drawn["request_id"] is not None:
+        headers.append((b"x-request-id", drawn["request_id"]))
+    lengths = {"exact": str(len(raw)).encode(), "short": str(max(0, len(raw) - 3)).encode(),
+               "long": str(len(raw) + 1000).encode(), "huge": str(BODY_LIMIT * 10).encode(),
+               "text": b"twelve", "negative": b"-1"}
+    how = drawn["content_length"]
+    if how in lengths:
+        headers.append((b"content-length", lengths[how]))
+    elif how == "twice":
+        headers += [(b"content-length", str(len(raw)).encode()), (b"content-length", b"7")]
+    n = drawn["chunks"]
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), min_size=n - 1,
+                                     max_size=n - 1), label="cuts"))
+    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    return headers, chunks, drawn

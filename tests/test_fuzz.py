@@ -13,6 +13,11 @@ export; ``next_seq`` 5), sends 1-3 hostile requests, and after EVERY request che
   finite weights; and at the end a ``logprobs`` probe at version 0 equals the probe of a
   pristine run (VER-2: no accepted or rejected request touched the snapshot).
 
+The same holds for hostile headers (issue 14): Content-Type variants, long and non-ASCII
+``X-Request-Id``, a ``Content-Length`` that lies, bodies arriving in chunks, none or two
+``Authorization`` headers (401: exactly one is accepted), sent straight into the ASGI app, and a
+few of them over a real socket.
+
 Known mock bugs are recognised by signature (``KNOWN_BUGS``) and counted instead of failing,
 so the fuzz keeps guarding everything else; each has its own strict-xfail test below. Set
 ``WHITNEY_FUZZ_EXAMPLES`` for a longer run (CI: 150 examples, derandomised).
@@ -20,6 +25,7 @@ so the fuzz keeps guarding everything else; each has its own strict-xfail test b
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -30,8 +36,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import ADAMW, API, BOS, KEY, ce_datum, expect_error, new_run, text_tokens
-from fuzz_support import (KNOWN, LIMITS, PRIMITIVES, PROBE, STATS, Crashes, World, assert_same,
-                          check, draw_request, observe)
+from fuzz_support import (BODY_LIMIT, KNOWN, LIFECYCLE, LIMITS, PRIMITIVES, PROBE, STATS,
+                          Crashes, World, asgi_call, assert_same, check, draw_headers,
+                          draw_request, dump, observe)
 from mock_server import InProcessTransport, create_app
 
 EXAMPLES = int(os.environ.get("WHITNEY_FUZZ_EXAMPLES", "150"))
@@ -82,6 +89,75 @@ def test_err_hostile_bodies_never_5xx_and_refusals_change_nothing(fuzz_mock, dat
     for seq in range(1, 5):  # ORD-3: the records of the setup never change
         assert state["ops"][seq] == initial["ops"][seq]
     STATS["examples"] += 1
+
+
+# -- hostile headers ------------------------------------------------------------------------------
+@FUZZ
+@given(data=st.data())
+def test_err_hostile_headers_never_5xx_always_the_envelope(fuzz_mock, data):
+    """Content-Type variants, long and non-ASCII X-Request-Id, a Content-Length that lies
+    (short, long, beyond max_body_bytes, not a number, twice), a body arriving in chunks, no
+    or two Authorization headers: never a 5xx, always the envelope, X-Request-Id echoed (its
+    first 200 bytes) or generated, and a refused request changes nothing (``check``)."""
+    mock = fuzz_mock
+    world = World(mock.client)
+    state = observe(mock, world)
+    if data.draw(st.booleans(), label="valid body"):
+        endpoint = data.draw(st.sampled_from(PRIMITIVES + LIFECYCLE), label="endpoint")
+        url, raw = world.url(endpoint), dump(world.valid_body(endpoint, state["next_seq"]))
+    else:
+        endpoint, url, raw = draw_request(data, world, state["next_seq"])
+    headers, chunks, drawn = draw_headers(data, raw, KEY)
+    reply = mock.transport.run(asgi_call(mock.app, "POST", url, headers, chunks))
+    crashes, mock.crashes.seen = mock.crashes.seen, []
+    STATS[f"header requests {reply.status}"] += 1
+    assert reply.status < 500, (reply.content, crashes)
+    (echoed,) = reply.header(b"x-request-id")  # TRANSPORT-1
+    given = drawn["request_id"]
+    if given:
+        assert echoed == given[:200]
+    else:
+        assert len(echoed) == 32 and all(c in b"0123456789abcdef" for c in echoed)
+    response = reply.as_httpx()
+    declared = next((v for k, v in headers if k == b"content-length"), b"")
+    if drawn["authorization"] != "one":
+        expect_error(response, 401, "unauthorized")  # SEC-1: none, or more than one
+        assert_same(state, observe(mock, world))
+    elif declared.isdigit() and int(declared) > BODY_LIMIT:
+        expect_error(response, 413, "body_too_large")  # refused before the body is read
+        assert_same(state, observe(mock, world))
+    else:
+        check(mock, world, endpoint, raw, response, state)
+    STATS["header examples"] += 1
+
+
+def test_err_headers_over_a_real_socket(make_mock):
+    """The same over uvicorn, where framing is real: a chunked body (Transfer-Encoding) is
+    read whole, two Authorization headers are 401 in the envelope, a non-ASCII X-Request-Id
+    comes back as sent."""
+    from conftest import live_server
+
+    mock = make_mock()
+    with live_server(mock.app) as base_url, httpx.Client(base_url=base_url, timeout=30) as http:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        sid = http.post(f"{API}/sessions", json={}, headers=auth).json()["session_id"]
+        body = json.dumps({"base_model": "whitney-mock/tiny-byte",
+                           "lora": {"rank": 2, "alpha": 4.0}, "optimizer": "adamw"}).encode()
+        pieces = iter([body[:7], body[7:20], b"", body[20:]])
+        chunked = http.post(f"{API}/sessions/{sid}/runs", content=pieces,
+                            headers={**auth, "Content-Type": "text/plain"})
+        assert chunked.status_code == 201, chunked.text
+        assert chunked.request.headers.get("transfer-encoding") == "chunked"
+        two = http.post(f"{API}/sessions", json={},
+                        headers=[("Authorization", f"Bearer {KEY}"),
+                                 ("Authorization", "Bearer other")])
+        expect_error(two, 401, "unauthorized")
+        rid = "caf\u00e9-\u2713".encode("utf-8")
+        echoed = http.get(f"{API}/capabilities", headers=[("Authorization", f"Bearer {KEY}"),
+                                                         ("X-Request-Id", rid)])
+        assert echoed.status_code == 200 and echoed.headers.raw[
+            [k.lower() for k, _ in echoed.headers.raw].index(b"x-request-id")][1] == rid
+    assert len(mock.backend.sessions) == 1 and len(mock.backend.runs) == 1
 
 
 # -- hostile path parameters --------------------------------------------------------------------

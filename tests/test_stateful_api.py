@@ -6,8 +6,8 @@ refused bodies), version saves (VER-1), replays of earlier seqs with the same or
 finishes, server-side failures, TTL expiry (LIFE-4), heartbeats, closes (LIFE-3), the
 closed-session retention window, creations with an Idempotency-Key from a small pool (LIFE-9:
 replays byte for byte, 409 for another body or path, keys forgotten with their session) and
-listings of every page (LIFE-10: newest first, filtered by state and metadata, runs per view), beside a plain-dict model of what the contract says must
-happen (``Model``; it and the body strategies live in ``stateful_contract_model``). After every
+listings of every page (LIFE-10: newest first, filtered by state and metadata, runs per
+view), beside a plain-dict model of what the contract says must happen (``Model``; it and the body strategies live in ``stateful_contract_model``). After every
 step the invariants compare server and model: run and session views (state, ``next_seq``,
 ``step``, versions), the executed trace (``/_mock/trace``: every seq once, in order, with the
 model's primitive and status), the training state ERR-3 protects (weights, gradient buffer,

@@ -35,7 +35,7 @@ from ..backend import schemas
 from ..backend.config import Limits
 from ..backend.errors import NotFound, ValidationFailed, WhitneyError
 from ..backend.state import Backend
-from .endpoints import read_body
+from .endpoints import authorization, read_body
 from .faults import Fault, FaultMiddleware, FaultRegistry, parse_fault
 from .responses import json_response
 
@@ -75,8 +75,9 @@ def _authorized(request: Request) -> tuple[Backend, FaultRegistry, str | None]:
     API key (SEC-1: 401 for anything else)."""
     backend: Backend = request.app.state.backend
     caller = None
+    given = authorization(request)  # SEC-1: exactly one Authorization header
     if not is_control_key(request):
-        caller = backend.authenticate(request.headers.get("authorization"))
+        caller = backend.authenticate(given)
     return backend, request.app.state.mock_faults, caller
 
 

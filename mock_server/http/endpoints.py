@@ -17,12 +17,12 @@ from starlette.responses import Response
 
 from ..backend import schemas
 from ..backend.config import API_PREFIX
-from ..backend.errors import BodyTooLarge, ValidationFailed, WhitneyError
+from ..backend.errors import BodyTooLarge, Unauthorized, ValidationFailed, WhitneyError
 from ..backend.primitives import PRIMITIVES
 from ..backend.state import LIST_LIMIT_DEFAULT, Backend
 from .responses import error_response, json_response
 
-__all__ = ["BodyReader", "IDEMPOTENCY_KEY_MAX", "http_error", "idempotency_key",
+__all__ = ["BodyReader", "IDEMPOTENCY_KEY_MAX", "authorization", "http_error", "idempotency_key",
            "primitive_endpoint", "read_json", "read_body", "whitney_error"]
 
 #: LIFE-9: the longest ``Idempotency-Key`` accepted (visible ASCII, 1 to this many characters).
@@ -78,10 +78,20 @@ def _backend(request: Request) -> Backend:
     return backend
 
 
+def authorization(request: Request) -> str | None:
+    """The request's one ``Authorization`` header (SEC-1): two or more are 401, whatever they
+    say, rather than trusting whichever one a proxy or framework would pick."""
+    values = request.headers.getlist("authorization")
+    if len(values) > 1:
+        raise Unauthorized(f"{len(values)} Authorization headers: send exactly one "
+                           f"(Authorization: Bearer <key>)")
+    return values[0] if values else None
+
+
 def _key(request: Request) -> str:
     backend = _backend(request)
     backend.tick()
-    return backend.authenticate(request.headers.get("authorization"))
+    return backend.authenticate(authorization(request))
 
 
 async def read_body(request: Request) -> bytes:

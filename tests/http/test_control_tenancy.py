@@ -108,9 +108,12 @@ def test_the_control_key_is_not_an_api_key(shared) -> None:
     _, c = shared
     expect_error(c["control"].get(f"{API}/capabilities"), 401)
     expect_error(c["control"].post(f"{API}/sessions", json={}), 401)
-    with httpx.Client(transport=c["a"]._transport, base_url="http://mock",
-                      headers={"Authorization": "Bearer not-a-key"}) as stranger:
-        expect_error(stranger.post("/_mock/reset", json={}), 401)
+    # (not closed here: closing a client closes the shared transport)
+    bare = httpx.Client(transport=c["a"]._transport, base_url="http://mock")
+    expect_error(bare.post("/_mock/reset", json={},
+                           headers={"Authorization": "Bearer not-a-key"}), 401)
+    both = [("Authorization", "Bearer ctl-secret"), ("Authorization", f"Bearer {KEY}")]
+    expect_error(bare.post("/_mock/reset", json={}, headers=both), 401)  # exactly one
 
 
 def test_a_control_key_is_generated_per_app_and_used_by_mock_whitney() -> None:
