@@ -224,6 +224,9 @@ def test_ten_thousand_create_close_cycles_leave_memory_flat():
 
 
 def test_http_create_close_cycles_leave_memory_flat(make_mock):
+    """Also what contract 1.1 keeps until a closed session is evicted: its exports, downloaded
+    after close or expiry (EXPORT-2), and its remembered creations (LIFE-9, every creation
+    here carries an Idempotency-Key and is retried once as a replay)."""
     clock = FakeClock()
     mock = make_mock(clock=clock, order_wait_ms=1)
     mock.backend.closed_retention = 16  # see the expiry test: a smaller window, same logic
@@ -231,16 +234,25 @@ def test_http_create_close_cycles_leave_memory_flat(make_mock):
     body = {"base_model": MODEL, "lora": {"rank": 2, "alpha": 4.0, "seed": 0},
             "optimizer": "adamw"}
 
+    def create(path: str, payload: dict[str, Any], key: str) -> dict[str, Any]:
+        first = client.post(path, json=payload, headers={"Idempotency-Key": key})
+        again = client.post(path, json=payload, headers={"Idempotency-Key": key})
+        assert first.status_code == 201 and again.headers["whitney-replayed"] == "true"
+        assert again.content == first.content
+        view: dict[str, Any] = first.json()
+        return view
+
     def cycle(i: int) -> None:
-        session = client.post(f"{API}/sessions",
-                              json={"ttl_seconds": 1} if i % 2 else {}).json()["session_id"]
-        run = client.post(f"{API}/sessions/{session}/runs", json=body).json()["run_id"]
+        session = create(f"{API}/sessions", {"ttl_seconds": 1} if i % 2 else {},
+                         f"s-{i}")["session_id"]
+        run = create(f"{API}/sessions/{session}/runs", body, f"r-{i}")["run_id"]
         saved = client.post(f"{API}/runs/{run}/save_weights_for_sampler",
                             json={"seq": 1, "version": 0})
         assert saved.status_code == 200, saved.text
+        export = client.post(f"{API}/runs/{run}/export_lora", json={"seq": 2}).json()
         if i % 5 == 0:
             expect_error(client.post(f"{API}/runs/{run}/logprobs",
-                                     json={"seq": 3, "version": 0, "token_ids": [1, 2]}),
+                                     json={"seq": 4, "version": 0, "token_ids": [1, 2]}),
                          409, "seq_gap")
         if i % 2:
             clock.advance(2)
@@ -248,6 +260,9 @@ def test_http_create_close_cycles_leave_memory_flat(make_mock):
         else:
             assert client.post(f"{API}/runs/{run}/finish", json={}).status_code == 200
             assert client.post(f"{API}/sessions/{session}/close", json={}).status_code == 200
+        for entry in export["files"]:  # EXPORT-2: after close (or expiry), as listed
+            data = client.get(f"{API}/runs/{run}/exports/{export['export_id']}/{entry['name']}")
+            assert data.status_code == 200 and len(data.content) == entry["bytes"]
 
     for i in range(300):  # warm-up: window full, every cache on the path filled
         cycle(i)

@@ -183,7 +183,7 @@ class Backend(Ordering):
             self._cancelling.pop(run_id, None)
             self._evicted[run_id] = (old.key, old.session_id)
         self._evicted[old.session_id] = (old.key, old.session_id)
-        while len(self._evicted) > max(1024, 4 * self.closed_retention):
+        while len(self._evicted) > 4 * self.closed_retention + 4:
             self._evicted.popitem(last=False)
         for checkpoint_id in [c for c, (sid, _) in self.checkpoints.items()
                               if sid == old.session_id]:
