@@ -44,7 +44,7 @@ def pages(ctx: Ctx, *, auth: str = PRIMARY, limit: int, **filters: str
 
 
 def _ids(views: list[dict[str, Any]]) -> list[str]:
-    return [v.get("session_id") for v in views if isinstance(v, dict)]
+    return [str(v.get("session_id")) for v in views if isinstance(v, dict)]
 
 
 def _probe_sessions(ctx: Ctx, n: int, probe: str, auth: str = PRIMARY) -> list[SessionHandle]:
