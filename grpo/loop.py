@@ -6,6 +6,17 @@
                     (forward_backward -> optim_step repeated ``updates_per_cycle`` times)
     -> save_state -> export_lora (files downloaded, sha256 checked) -> finish -> close session
     on any exception: cancel -> poll until terminal (bounded) -> close -> TrainingError(cycle)
+    (stopped on the caller's side after an optimizer step: save_state first, then as above)
+
+The base model is ``LoopConfig.base_model``, else the server's only one (capabilities); EOS,
+the vocabulary and the context length come from its capabilities entry, never from constants.
+
+The caller's reward: whatever it raises (or a return value that is not a finite number) is a
+:class:`~grpo.errors.RewardError` naming it, reported in phase ``reward`` with the original
+as ``__cause__``. A stop for a reason on the caller's side (the reward raising, a uniform
+group) after at least one optimizer step first saves a checkpoint (``save_state``, named
+``stopped-cycle-N``; ``TrainingError.checkpoint``), so the steps taken are not lost, then
+cancels and closes as the seed's Cleanup says.
 
 Several prompts per cycle: each prompt's group gets its own ``build_loss`` call; their payloads
 are concatenated into as few ``forward_backward`` requests as the server's limits allow. By
@@ -23,14 +34,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo.algorithms import Algorithm, LossContext, UniformRewardError
-from grpo.checks import check_capabilities
+from grpo.checks import check_capabilities, choose_base_model
 from grpo.client import TERMINAL_RUN_STATES, RunHandle, WhitneyClient
 from grpo.config import DEFAULT_ADAMW, LoopConfig
-from grpo.errors import ProtocolError, TrainingError
+from grpo.errors import ProtocolError, RewardError, TrainingError
+from grpo.rewards import checked_reward
 from grpo.tasks import Reward
 
 # LoopConfig and DEFAULT_ADAMW live in grpo.config (so that grpo.checks can read the config
@@ -81,6 +93,7 @@ class TrainResult:
     export: dict[str, Any]
     files: dict[str, bytes]
     run: dict[str, Any]
+    model: dict[str, Any] = field(default_factory=dict)  # the capabilities base_models[] entry
 
 
 def merge_payloads(
@@ -181,10 +194,19 @@ def _sample_request(
 def _recording(
     reward: Reward, prompt_tokens: list[int], into: list[float]
 ) -> Callable[[Sequence[int]], float]:
-    """``reward`` bound to one prompt; every score is also kept for the cycle's metrics."""
+    """``reward`` bound to one prompt; every score is also kept for the cycle's metrics.
+    Whatever the reward raises, or returns that is not a finite number, is a RewardError."""
+    name = str(getattr(reward, "name", None) or getattr(reward, "__qualname__", repr(reward)))
 
     def bound(tokens: Sequence[int]) -> float:
-        value = float(reward(tokens, prompt_tokens))
+        try:
+            value = reward(tokens, prompt_tokens)
+        except RewardError:
+            raise
+        except Exception as exc:
+            raise RewardError(f"your reward {name} raised {type(exc).__name__}: {exc}",
+                              reward=name, original=exc) from exc
+        value = checked_reward(value, name)
         into.append(value)
         return value
 
@@ -252,17 +274,20 @@ def train(
         raise ValueError("need at least one prompt, and every prompt needs a token (e.g. BOS)")
     capabilities = client.capabilities()
     check_capabilities(capabilities, algorithm, config, prompts)  # DISC-2: before any session
+    model = choose_base_model(capabilities, config.base_model)
+    config = replace(config, base_model=model["id"])
     limits = capabilities.get("limits", {})
 
     session_id: str | None = None
     run: RunHandle | None = None
     cycle: int | None = None
+    steps = 0  # optimizer steps taken
     phase = "create_session"
     try:
         metadata = {"client": "whitney-kit grpo", "algorithm": algorithm.name}
         session_id = client.create_session(metadata=metadata)["session_id"]
         phase = "create_run"
-        run = client.create_run(session_id, base_model=config.base_model,
+        run = client.create_run(session_id, base_model=model["id"],
                                 rank=config.lora_rank, alpha=config.lora_alpha, seed=config.seed)
         metrics: list[CycleMetrics] = []
         for cycle in range(config.cycles):
@@ -300,6 +325,7 @@ def train(
                            for chunk in merge_payloads(payloads, limits)]
                 phase = "optim_step"
                 step = run.optim_step(config.adamw)
+                steps = step["step"]
             metrics.append(_cycle_metrics(cycle, samples, rewards_P_G, skipped, results, step,
                                           started))
             if on_cycle is not None:
@@ -319,20 +345,37 @@ def train(
             raise ProtocolError(f"finish answered state {final['state']!r} (LIFE-6)")
         phase = "close_session"
         client.close_session(session_id)
-        return TrainResult(session_id, run.run_id, metrics, checkpoint, export, files, final)
+        return TrainResult(session_id, run.run_id, metrics, checkpoint, export, files, final,
+                           model)
     except BaseException as exc:
+        caller_side = isinstance(exc, (RewardError, UniformRewardError))
+        if isinstance(exc, RewardError):
+            phase = "reward"
+        saved: dict[str, Any] | None = None
+        saving_error: str | None = None
+        if caller_side and run is not None and steps >= 1:
+            try:  # keep what the steps so far learned before the cancel (the run is fine)
+                saved = run.save_state(f"stopped-cycle-{cycle}")
+            except Exception as save_exc:
+                saving_error = repr(save_exc)
         session_id, run = recover_lost_creation(client, session_id, run)  # LIFE-9
         cleanup = cancel_and_close(client, session_id, run, config.cancel_timeout_seconds)
+        if saving_error is not None:
+            cleanup["errors"].insert(0, f"save_state before the cancel: {saving_error}")
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt / SystemExit: cleaned up, re-raised as they are
         where = f"cycle {cycle}" if cycle is not None else "outside the cycles"
         run_id = run.run_id if run is not None else None
+        what = str(exc) if isinstance(exc, RewardError) else f"{type(exc).__name__}: {exc}"
+        kept = (f"; checkpoint {saved['checkpoint_id']} (step {saved['step']}) saved before "
+                f"the cancel" if saved is not None else "")
         raise TrainingError(
-            f"{where}, {phase}: {type(exc).__name__}: {exc} (run {run_id} -> "
-            f"{cleanup['run_state']}, session {session_id} -> {cleanup['session_state']})",
+            f"{where}, {phase}: {what} (run {run_id} -> {cleanup['run_state']}, session "
+            f"{session_id} -> {cleanup['session_state']}{kept})",
             cycle=cycle,
             phase=phase,
             run_id=run_id,
             session_id=session_id,
             cleanup=cleanup,
+            checkpoint=saved,
         ) from exc
