@@ -342,9 +342,11 @@ def _value_parts(parts: list[Any], value: Any) -> None:
     if kind is dict:
         parts.append(b"{")
         for key in sorted(value):
-            _str_part(parts, key)
+            parts.append(_key_bytes(key))
             _value_parts(parts, value[key])
         parts.append(b"}")
+    elif kind is int:
+        parts.append(b"I%d;" % value)
     elif kind is list:
         if not value:
             parts += (b"A", _LEN.pack(0))
@@ -359,7 +361,7 @@ def _value_parts(parts: list[Any], value: Any) -> None:
         parts.append(b"n")
     elif kind is bool:
         parts.append(b"t" if value else b"f")
-    elif kind is int or kind is float:
+    elif kind is float:
         parts.append(_number_part(value))
     else:
         raise TypeError(f"not a JSON value: {kind.__name__}")
@@ -367,6 +369,8 @@ def _value_parts(parts: list[Any], value: Any) -> None:
 
 def _digest(parts: list[Any]) -> bytes:
     """SHA-256 of the stream; runs of small parts are joined first (fewer update calls)."""
+    if all(type(part) is bytes for part in parts):
+        return hashlib.sha256(b"".join(parts)).digest()
     h = hashlib.sha256()
     small: list[bytes] = []
     for part in parts:
