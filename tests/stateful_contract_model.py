@@ -36,9 +36,21 @@ def digest(arrays: dict[str, np.ndarray] | None) -> str | None:
     return h.hexdigest()
 
 
+def _by_value(value: Any) -> Any:
+    """Numbers by value (contract 1.1): an integral float is its integer; -0.0 is 0."""
+    if isinstance(value, dict):
+        return {k: _by_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_by_value(v) for v in value]
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
 def canon(primitive: str, body: dict[str, Any]) -> str:
-    """ORD-3's JSON equality: key order and whitespace ignored, 1 and 1.0 differ."""
-    return primitive + json.dumps(body, sort_keys=True, separators=(",", ":"))
+    """ORD-3's JSON equality (contract 1.1): key order and whitespace ignored, numbers by value
+    (1 and 1.0 are equal), null distinct from an absent key."""
+    return primitive + json.dumps(_by_value(body), sort_keys=True, separators=(",", ":"))
 
 
 # -- request bodies --------------------------------------------------------------------------
