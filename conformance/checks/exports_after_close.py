@@ -26,14 +26,26 @@ def export2_after_close(ctx: Ctx) -> None:
     run.step()
     checkpoint = run.body("save_state", {"name": "after-close"}) \
         if ctx.has_primitive("save_state") else None
-    export = run.body("export_lora")
     # What the run served while open is the reference (whether that matches the listing is
-    # EXPORT-1's business).
-    served = {}
-    for entry in export.get("files") or []:
-        path = f"/runs/{run.id}/exports/{export['export_id']}/{entry['name']}"
-        served[path] = expect_status(ctx.wire.call("GET", path), 200,
-                                     what=f"download {entry['name']} before close").content
+    # EXPORT-1's business); two exports of different weights must differ, so that a server
+    # serving the same bytes whatever it exports cannot pass.
+    served: dict[str, bytes] = {}
+    exports = []
+    for round_ in range(2):
+        if round_:
+            run.forward([ce_datum(ctx.tokens("and move"))], backward=True)
+            run.step()
+        export = run.body("export_lora")
+        files = {}
+        for entry in export.get("files") or []:
+            path = f"/runs/{run.id}/exports/{export['export_id']}/{entry['name']}"
+            files[path] = expect_status(ctx.wire.call("GET", path), 200,
+                                        what=f"download {entry['name']} before close").content
+        served.update(files)
+        exports.append(sorted(files.values()))
+    if exports[0] == exports[1]:
+        raise CheckFailed("two exports of different weights (an optimizer step apart) served "
+                          "the same bytes; downloads after close would prove nothing")
     expect_status(ctx.wire.call("POST", f"/runs/{run.id}/finish", {}), 200, what="finish")
     expect_status(ctx.wire.call("POST", f"/sessions/{session.id}/close", {}), 200, what="close")
     for path, before in served.items():
