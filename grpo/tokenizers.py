@@ -21,9 +21,9 @@ capabilities ``base_models[]`` entry):
   model, fewer in the tokenizer), so a server may sample ids no tokenizer can decode: each is
   shown in place as ``<id:N>`` (:func:`undecodable`), the rest is decoded as usual.
 
-Nothing here holds a token id as a constant: the byte tokenizer's defaults (BOS 256, EOS 257)
-describe ``whitney-mock/tiny-byte`` for the library's byte tasks, and :meth:`bind` replaces them
-with the server's numbers.
+The CLI and the loop hold no token id as a constant: the byte tokenizer's defaults (BOS 256,
+EOS 257) only describe ``whitney-mock/tiny-byte`` for the library's byte tasks and tests, and
+:meth:`bind` replaces them with the server's numbers.
 """
 
 from __future__ import annotations
