@@ -389,7 +389,8 @@ def _train(args: argparse.Namespace, client: WhitneyClient, target: str, config:
                 say(cause.user_traceback().rstrip("\n"))  # the reward's own frames
             if exc.checkpoint is not None:
                 say(f"  checkpoint {exc.checkpoint['checkpoint_id']} (step "
-                    f"{exc.checkpoint['step']}) of run {exc.run_id}: load_state it to resume")
+                    f"{exc.checkpoint['step']}) of run {exc.run_id}, saved before the cancel: "
+                    f"load_state it in a new run of this API key to continue")
             if isinstance(cause, UniformRewardError) and not config.skip_uniform_groups:
                 say("  (pass --skip-uniform-groups to drop such groups from multi-prompt cycles)")
             return 1
