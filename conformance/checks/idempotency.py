@@ -26,14 +26,21 @@ def new_key(ctx: Ctx, label: str) -> str:
 
 
 def create_session(ctx: Ctx, key: str, metadata: dict[str, str], *, auth: str = PRIMARY,
-                   raw: bytes | None = None) -> Reply:
+                   raw: bytes | None = None, first: bool = False) -> Reply:
     """``POST /sessions`` with ``Idempotency-Key: key`` and the suite's tag in the metadata
-    (``raw``: the same body written another way)."""
+    (``raw``: the same body written another way). ``first``: the key's first use, which may
+    wait for a session slot the suite's other checks hold (``Ctx.await_session_slot``; a
+    refused creation is not remembered, so the key may be sent again)."""
     body = {"metadata": {**ctx.tag(), **metadata}}
     headers = {"Idempotency-Key": key}
-    if raw is not None:
-        return ctx.wire.call("POST", "/sessions", content=raw, auth=auth, headers=headers)
-    return ctx.wire.call("POST", "/sessions", body, auth=auth, headers=headers)
+
+    def send() -> Reply:
+        if raw is not None:
+            return ctx.wire.call("POST", "/sessions", content=raw, auth=auth, headers=headers)
+        return ctx.wire.call("POST", "/sessions", body, auth=auth, headers=headers)
+
+    reply = send()
+    return ctx.await_session_slot(send, auth, reply) if first else reply
 
 
 def _first(ctx: Ctx, reply: Reply, what: str, auth: str = PRIMARY) -> SessionHandle:
@@ -91,7 +98,7 @@ def _close_proves_one_run(ctx: Ctx, session: SessionHandle, run: RunHandle) -> N
 def life9_replay(ctx: Ctx) -> None:
     probe = uuid.uuid4().hex[:16]
     key = new_key(ctx, "session")
-    first = create_session(ctx, key, {"wc-probe": probe})
+    first = create_session(ctx, key, {"wc-probe": probe}, first=True)
     session = _first(ctx, first, "POST /sessions with an Idempotency-Key")
     metadata = {**ctx.tag(), "wc-probe": probe}
     rewritten = json.dumps({"metadata": dict(reversed(list(metadata.items())))},
@@ -134,7 +141,7 @@ def life9_replay(ctx: Ctx) -> None:
 def life9_conflict(ctx: Ctx) -> None:
     probe = uuid.uuid4().hex[:16]
     key = new_key(ctx, "conflict")
-    first = create_session(ctx, key, {"wc-probe": probe})
+    first = create_session(ctx, key, {"wc-probe": probe}, first=True)
     session = _first(ctx, first, "POST /sessions with an Idempotency-Key")
     other = create_session(ctx, key, {"wc-probe": probe, "changed": "yes"})
     if other.status == 201:
@@ -169,9 +176,9 @@ def life9_foreign_key(ctx: Ctx) -> None:
         raise CheckUnsupported("no second API key (--second-api-key / WHITNEY_SECOND_API_KEY)")
     probe = uuid.uuid4().hex[:16]
     key = new_key(ctx, "shared")
-    mine = create_session(ctx, key, {"wc-probe": probe})
+    mine = create_session(ctx, key, {"wc-probe": probe}, first=True)
     session = _first(ctx, mine, "POST /sessions (first key)")
-    theirs = create_session(ctx, key, {"wc-probe": probe}, auth=SECOND)
+    theirs = create_session(ctx, key, {"wc-probe": probe}, auth=SECOND, first=True)
     expect_status(theirs, 201, what="the same Idempotency-Key and body from the second key")
     sid = theirs.body.get("session_id")
     if sid == session.id:
