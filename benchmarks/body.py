@@ -18,8 +18,8 @@ import orjson
 
 from mock_server import Backend
 from mock_server.backend import schemas
-from mock_server.engine.specs import BASE_MODEL_ID
 from mock_server.backend.primitives import prepare_forward
+from mock_server.engine.specs import BASE_MODEL_ID
 
 from .core import Config, Row, interleave, make_row
 from .fixtures import API_KEY, forward_body

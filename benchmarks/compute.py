@@ -17,9 +17,9 @@ import numpy as np
 import orjson
 
 from mock_server.backend import schemas
+from mock_server.backend.primitives import prepare_forward
 from mock_server.engine.model import get_base_model
 from mock_server.engine.specs import BASE_MODEL_ID
-from mock_server.backend.primitives import prepare_forward
 
 from .body import backend_run
 from .core import Config, Row, interleave, make_row

@@ -87,7 +87,7 @@ async def grpo_client(url: str, cfg: Config, stats: Stats, index: int) -> None:
             advantages = group_mean_advantages([reward(s["tokens"]) for s in sequences],
                                                normalize_std=True)
             data = [rl_datum(prompt, s["tokens"], s["logprobs"], a)
-                    for s, a in zip(sequences, advantages)]
+                    for s, a in zip(sequences, advantages, strict=False)]
             await asyncio.gather(
                 stats.post(first, f"{path}/forward_backward",
                            {"seq": seq, **forward_backward_payload(data, "importance_sampling")},

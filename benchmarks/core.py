@@ -63,7 +63,7 @@ class Config:
     clock: str = "cpu"           # in-process rows: "cpu" (process CPU time) or "wall"
     suite_timeout_s: float = 600.0
 
-    def with_(self, **changes: Any) -> "Config":
+    def with_(self, **changes: Any) -> Config:
         return replace(self, **changes)
 
 

@@ -147,7 +147,8 @@ async def _one_poll(cfg: Config, operations: int) -> list[Row]:
         await floor.aclose()
         await page.aclose()
         await handle.aclose()
-    note = "floor = bare Starlette route (POST, same answer size as the steady poll); information: the cost of one poll"
+    note = ("floor = bare Starlette route (POST, same answer size as the steady poll); "
+            "information: the cost of one poll")
     return [
         make_row(GROUP, f"one poll, run of {operations} ops, nothing new (since=cursor)",
                  steady["poll"].median_s, steady["bare"].median_s, "s", None,

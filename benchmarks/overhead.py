@@ -25,8 +25,7 @@ from mock_server.engine.model import get_base_model
 from mock_server.engine.specs import BASE_MODEL_ID
 
 from .core import Config, Row, interleave, make_row
-from .fixtures import (API, AUTH, Server, floor_app, forward_body, mock_run, new_run,
-                       text_tokens)
+from .fixtures import API, AUTH, Server, floor_app, forward_body, mock_run, new_run, text_tokens
 
 GOAL_IN_PROCESS = 1.3  # issue 16: logprobs 16 tokens in-process vs a bare Starlette route
 GOAL_UVICORN = 1.2     # issue 16: the same over uvicorn, and forward_backward 8 x 128

@@ -50,8 +50,18 @@ def run(cfg: Config, *, groups: Iterable[str] = GROUPS, skip_suites: bool = Fals
         suite_env: dict[str, str] | None = None,
         progress: Callable[[str], None] = lambda _: None) -> tuple[list[Row], dict[str, Any]]:
     """Run the selected groups; return the rows and run metadata."""
-    from . import (body, compute, concurrency, dashboard, held, memory, overhead, sampling,
-                   suites, vocab)
+    from . import (
+        body,
+        compute,
+        concurrency,
+        dashboard,
+        held,
+        memory,
+        overhead,
+        sampling,
+        suites,
+        vocab,
+    )
     from .fixtures import uvicorn_server
 
     selected = set(groups) - ({"8"} if skip_suites else set())

@@ -110,7 +110,7 @@ async def rows(cfg: Config) -> list[Row]:
                  floor, one, "s", None,
                  f"the 1-row request plus the float64 mixer + head matmuls of {many} rows minus "
                  f"those of 1 row, over {steps} steps: the ratio with zero per-row bookkeeping"),
-        make_row(group, f"  floor + the other rows' exact draws (exp, cumsum over K, count)",
+        make_row(group, "  floor + the other rows' exact draws (exp, cumsum over K, count)",
                  with_draws, one, "s", None,
                  "the floor plus the inverse-CDF draw of 15 more rows at every step: cumsum "
                  "is a sequential dependency chain over K per row (latency-bound, ~3 ns per "

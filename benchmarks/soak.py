@@ -59,8 +59,18 @@ import orjson
 
 from mock_server import InProcessTransport, create_app
 
-from .soak_client import (API, CREATIONS, FAULTS, Chaos, ClientResult, Config, Counters,
-                          SoakError, grpo_client, run_body)
+from .soak_client import (
+    API,
+    CREATIONS,
+    FAULTS,
+    Chaos,
+    ClientResult,
+    Config,
+    Counters,
+    SoakError,
+    grpo_client,
+    run_body,
+)
 
 __all__ = ["FAULTS", "Config", "main", "run_soak"]
 
@@ -82,7 +92,7 @@ class Server:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="soak-uvicorn", daemon=True)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:

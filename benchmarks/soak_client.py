@@ -251,11 +251,12 @@ def grpo_client(config: Config, base_url: str, index: int, counters: Counters,
                   for i, p in enumerate(prompts)])
             result.versions.append(cycle)
             data = []
-            for prompt, sample in zip(prompts, answers[1:]):
+            for prompt, sample in zip(prompts, answers[1:], strict=False):
                 rewards = [reward(s["tokens"]) for s in sample["sequences"]]
                 if max(rewards) > min(rewards):  # a uniform group carries no signal
                     data += [rl_datum(prompt, s, a)
-                             for s, a in zip(sample["sequences"], advantages(rewards))]
+                             for s, a in zip(sample["sequences"], advantages(rewards),
+                                             strict=False)]
             if data:
                 pipelined(("forward_backward", {"loss_function": "importance_sampling",
                                                 "loss_config": {}, "data": data}),

@@ -81,7 +81,7 @@ def assert_close(actual: Iterable[float] | float, expected: Iterable[float] | fl
     actual_list, expected_list = list(actual), list(expected)  # type: ignore[arg-type]
     if len(actual_list) != len(expected_list):
         raise CheckFailed(f"{what}: {len(actual_list)} values, expected {len(expected_list)}")
-    for i, (a, b) in enumerate(zip(actual_list, expected_list)):
+    for i, (a, b) in enumerate(zip(actual_list, expected_list, strict=False)):
         if a is None or b is None:
             if a is not b:
                 raise CheckFailed(f"{what}[{i}]: got {a!r}, expected {b!r}")
@@ -94,7 +94,7 @@ def assert_moved(after: Iterable[float], before: Iterable[float], tol: float, wh
     """The observable responds: ``after`` differs from ``before`` by more than ten times the
     tolerance. Every check that asserts an invariance (two things equal) also asserts this,
     so that a server ignoring its input (answering the same thing always) cannot pass it."""
-    pairs = [(a, b) for a, b in zip(after, before) if a is not None and b is not None]
+    pairs = [(a, b) for a, b in zip(after, before, strict=False) if a is not None and b is not None]
     moved = max((abs(float(a) - float(b)) for a, b in pairs), default=0.0)
     if not moved > 10 * tol:
         raise CheckFailed(f"{what}: the logprobs changed by {moved:g} only (tolerance {tol:g}); "
@@ -106,14 +106,15 @@ def assert_json_close(actual: Any, expected: Any, tol: float, what: str) -> None
     """Structural equality of two JSON values, floats within ``tol`` (absolute + relative)."""
     if isinstance(expected, dict):
         if not isinstance(actual, dict) or set(actual) != set(expected):
-            raise CheckFailed(f"{what}: keys {sorted(actual) if isinstance(actual, dict) else actual!r}"
+            shown = sorted(actual) if isinstance(actual, dict) else actual
+            raise CheckFailed(f"{what}: keys {shown!r}"
                               f" != {sorted(expected)}")
         for key in expected:
             assert_json_close(actual[key], expected[key], tol, f"{what}.{key}")
     elif isinstance(expected, list):
         if not isinstance(actual, list) or len(actual) != len(expected):
             raise CheckFailed(f"{what}: {actual!r} != {expected!r}")
-        for i, (a, b) in enumerate(zip(actual, expected)):
+        for i, (a, b) in enumerate(zip(actual, expected, strict=False)):
             assert_json_close(a, b, tol, f"{what}[{i}]")
     elif isinstance(expected, float) and isinstance(actual, (int, float)) \
             and not isinstance(actual, bool):

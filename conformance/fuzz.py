@@ -68,7 +68,7 @@ def _with_elapsed(response: Any) -> Any:
     import datetime
 
     try:
-        response.elapsed
+        response.elapsed  # noqa: B018 (the property raises when unset)
     except RuntimeError:
         response.elapsed = datetime.timedelta(0)
     return response
@@ -131,7 +131,7 @@ def _fuzz(wire: Wire, document: dict[str, Any], examples: int, real_ids: dict[st
         if fixed:
             strategy = st.one_of(strategy, operation.as_strategy(path_parameters=fixed))
 
-        def send(case: Any) -> None:
+        def send(case: Any) -> None:  # run by hypothesis within this iteration
             nonlocal sent
             if operation.path == f"{API_PREFIX}/sessions" and isinstance(case.body, dict):
                 # hygiene: fuzzed sessions are tagged too. A copy: the body may be the

@@ -45,12 +45,12 @@ def _terms(loss: str, p: Sequence[float], inputs: dict[str, Any], config: dict[s
     cfg = {**DEFAULT_CONFIG[loss], **config}
     if loss == "cross_entropy":
         w = _column(inputs, "weights", n, 1.0)
-        return [-wi * pi for wi, pi in zip(w, p)], [-wi for wi in w]
+        return [-wi * pi for wi, pi in zip(w, p, strict=False)], [-wi for wi in w]
     q = _column(inputs, "logprobs", n, 0.0)
     a = _column(inputs, "advantages", n, 0.0)
     m = _column(inputs, "mask", n, 1.0)
     terms, grads = [], []
-    for pi, qi, ai, mi in zip(p, q, a, m):
+    for pi, qi, ai, mi in zip(p, q, a, m, strict=False):
         r = math.exp(pi - qi)
         if loss == "importance_sampling":
             terms.append(-mi * r * ai)
@@ -82,7 +82,7 @@ def loss_value(loss: str, p_per_datum: Sequence[Sequence[float]],
     """(Σ over datums and positions of the loss terms, Σ |term|) — the second is the scale
     used for the comparison tolerance."""
     total, scale = 0.0, 0.0
-    for p, inputs in zip(p_per_datum, inputs_per_datum):
+    for p, inputs in zip(p_per_datum, inputs_per_datum, strict=False):
         terms, _ = _terms(loss, p, inputs, config)
         total += math.fsum(terms)
         scale += math.fsum(abs(t) for t in terms)

@@ -365,7 +365,7 @@ class OpenAPI:
             pointer = node["$ref"][1:]
         raise ValueError(f"reference loop at {pointer!r}")
 
-    @lru_cache(maxsize=512)
+    @lru_cache(maxsize=512)  # noqa: B019 - one OpenAPI document per process, never freed
     def _validator(self, pointer: str) -> jsonschema.Draft202012Validator:
         ref = {"$ref": f"{_DOC_URI}#{quote(pointer, safe='/~')}"}
         return jsonschema.Draft202012Validator(ref, registry=self._registry)

@@ -126,7 +126,8 @@ def open_target(
         if not api_key:
             raise ValueError("an API key is required with a base URL "
                              "(--api-key or WHITNEY_API_KEY)")
-        return Target(base_url=server_root(base_url), api_key=api_key, second_api_key=second_api_key,
+        return Target(base_url=server_root(base_url), api_key=api_key,
+                  second_api_key=second_api_key,
                       timeout=timeout, embedded=False)
     return Target(base_url=EMBEDDED_BASE_URL, api_key=EMBEDDED_API_KEY,
                   second_api_key=EMBEDDED_SECOND_API_KEY, timeout=timeout, embedded=True,

@@ -81,7 +81,7 @@ def grpo(
         raise _uniform(cycle)
     data = [
         rl_datum(prompt_tokens, sequence["tokens"], sequence["logprobs"], advantage)
-        for sequence, advantage in zip(sequences, advantages_G)
+        for sequence, advantage in zip(sequences, advantages_G, strict=False)
     ]
     return forward_backward_payload(data, "importance_sampling")
 
@@ -99,7 +99,7 @@ def _policy_gradient(
     prompt_tokens = request["prompt"]["token_ids"]
     data = [
         rl_datum(prompt_tokens, sequence["tokens"], sequence["logprobs"], advantage)
-        for sequence, advantage in zip(sample["sequences"], advantages_G)
+        for sequence, advantage in zip(sample["sequences"], advantages_G, strict=False)
     ]
     return forward_backward_payload(data, loss_function, loss_config)
 
@@ -198,7 +198,8 @@ def with_kl_penalty(algorithm: Algorithm, kl_coef: float, reference_version: int
             inputs["advantages"] = [
                 advantage - kl_coef * (sampled - ref) if mask else advantage
                 for advantage, sampled, ref, mask in zip(
-                    inputs["advantages"], inputs["logprobs"], reference, inputs["mask"]
+                    inputs["advantages"], inputs["logprobs"], reference, inputs["mask"],
+                    strict=True,
                 )
             ]
         return payload

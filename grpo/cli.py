@@ -184,7 +184,7 @@ class _CycleTable:
         self.live: Live | None = None
         if getattr(stream, "isatty", lambda: False)():
             self.table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-            for name, width in zip(_COLUMNS, _WIDTHS):
+            for name, width in zip(_COLUMNS, _WIDTHS, strict=False):
                 self.table.add_column(name, justify="right" if width else "left",
                                       min_width=width or 12, no_wrap=True)
             self.live = Live(self.table, console=Console(file=stream), refresh_per_second=8)
@@ -194,7 +194,8 @@ class _CycleTable:
 
     def _line(self, cells: Sequence[str]) -> None:
         print(" ".join(f"{cell:>{width}}" if width else cell
-                       for cell, width in zip(cells, _WIDTHS)), file=self.stream, flush=True)
+                       for cell, width in zip(cells, _WIDTHS, strict=False)),
+              file=self.stream, flush=True)
 
     def add(self, row: CycleMetrics, example: str) -> None:
         shown = example.encode("unicode_escape").decode("ascii")

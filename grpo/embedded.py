@@ -2,8 +2,8 @@
 
 This is the one module of ``grpo`` that imports ``mock_server``, and it uses only its public
 ``create_app`` and ``InProcessTransport`` (and, for declared base models, the declaration
-readers of ``mock_server.engine.specs``, as ``python -m mock_server`` does). Everything else in ``grpo`` speaks HTTP and works
-unchanged against a real Whitney endpoint.
+readers of ``mock_server.engine.specs``, as ``python -m mock_server`` does). Everything else in
+``grpo`` speaks HTTP and works unchanged against a real Whitney endpoint.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def api_keys_from(args: argparse.Namespace) -> list[str]:
     if args.api_keys:
-        return args.api_keys
+        return list(args.api_keys)
     env = [k.strip() for k in os.environ.get("WHITNEY_MOCK_API_KEYS", "").split(",") if k.strip()]
     return env or [DEFAULT_API_KEY]
 

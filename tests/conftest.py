@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import hypothesis_profiles  # noqa: F401  (fast = CI default, derandomised; HYPOTHESIS_PROFILE=thorough)
 import numpy as np
 import pytest
 
-import hypothesis_profiles  # noqa: F401  (fast = CI default, derandomised; HYPOTHESIS_PROFILE=thorough)
 from mock_server import InProcessTransport, create_app
 
 API = "/v1/training"

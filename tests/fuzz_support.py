@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import numpy as np
-from hypothesis import strategies as st
-
 from conftest import ADAMW, API, BOS, MODEL, ce_datum, expect_error, new_run, text_tokens
+from hypothesis import strategies as st
 
 BODY_LIMIT = 64 * 1024
 LIMITS = {"max_body_bytes": BODY_LIMIT, "max_datums_per_request": 4,
@@ -500,5 +499,5 @@ def draw_headers(data: st.DataObject, raw: bytes, key: str
     n = drawn["chunks"]
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), min_size=n - 1,
                                      max_size=n - 1), label="cuts"))
-    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=False)]
     return headers, chunks, drawn

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hypothesis import event, strategies as st
-
 from conftest import ADAMW, BOS, EOS
+from hypothesis import event
+from hypothesis import strategies as st
 
 TERMINAL = {"finished", "cancelled", "failed"}
 PRIMITIVES = ["forward", "forward_backward", "optim_step", "save_weights_for_sampler", "sample",

@@ -16,13 +16,22 @@ import time
 from typing import Any
 
 import httpx
+from conftest import API, KEY, FakeClock, expect_error
 from hypothesis import event
 from hypothesis.stateful import RuleBasedStateMachine
+from stateful_contract_model import (
+    TERMINAL,
+    MCheckpoint,
+    Model,
+    MRun,
+    Op,
+    canon,
+    digest,
+    expect_submission,
+    spoil,
+)
 
-from conftest import API, KEY, FakeClock, expect_error
 from mock_server import InProcessTransport, create_app
-from stateful_contract_model import (TERMINAL, MCheckpoint, Model, MRun, Op, canon, digest,
-                                     expect_submission, spoil)
 
 ORDER_WAIT_MS = 10  # a gap costs this much real time; holds on purpose use HOLD_MS
 HOLD_MS = 10_000

@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mock_server.engine.optim import AdamWState, adamw_step
 
@@ -75,7 +76,7 @@ def assert_matches_reference(params0, grads, hp):
         np.testing.assert_allclose(ours[k], theta[k], rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(state.m[k], m[k], rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(state.v[k], v[k], rtol=1e-12, atol=1e-12)
-    for (gn, un), (ref_gn, ref_un) in zip(our_reports, ref_reports):
+    for (gn, un), (ref_gn, ref_un) in zip(our_reports, ref_reports, strict=False):
         assert gn == pytest.approx(ref_gn, rel=1e-12)
         assert un == pytest.approx(ref_un, rel=1e-10, abs=1e-15)
     return our_reports

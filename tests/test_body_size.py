@@ -18,9 +18,14 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-
 from conftest import (
-    API, KEY, assert_same_state, expect_error, live_server, new_run, state_snapshot,
+    API,
+    KEY,
+    assert_same_state,
+    expect_error,
+    live_server,
+    new_run,
+    state_snapshot,
 )
 
 

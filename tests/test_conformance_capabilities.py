@@ -19,8 +19,13 @@ import orjson
 
 from conformance import run_suite
 from conformance.options import Options
-from conformance.target import (EMBEDDED_API_KEY, EMBEDDED_BASE_URL, EMBEDDED_DEFAULTS,
-                                EMBEDDED_SECOND_API_KEY, Target)
+from conformance.target import (
+    EMBEDDED_API_KEY,
+    EMBEDDED_BASE_URL,
+    EMBEDDED_DEFAULTS,
+    EMBEDDED_SECOND_API_KEY,
+    Target,
+)
 from mock_server import InProcessTransport, create_app
 
 V, EOS, CONTEXT = 32, 31, 40

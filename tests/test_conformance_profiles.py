@@ -20,8 +20,13 @@ from conformance import run_suite
 from conformance.options import Options
 from conformance.registry import Status
 from conformance.report import to_json, write_junit
-from conformance.target import (EMBEDDED_API_KEY, EMBEDDED_BASE_URL, EMBEDDED_DEFAULTS,
-                                EMBEDDED_SECOND_API_KEY, Target)
+from conformance.target import (
+    EMBEDDED_API_KEY,
+    EMBEDDED_BASE_URL,
+    EMBEDDED_DEFAULTS,
+    EMBEDDED_SECOND_API_KEY,
+    Target,
+)
 from mock_server import InProcessTransport, create_app
 
 MOCK = {**EMBEDDED_DEFAULTS, "order_wait_ms": 300}

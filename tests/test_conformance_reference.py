@@ -23,7 +23,7 @@ P = [-1.2, -0.4, -2.5, -0.9]
 
 
 def _inputs(ratios: list[float], advantages: list[float], mask: list[float] | None = None):
-    q = [p - math.log(r) for p, r in zip(P, ratios)]
+    q = [p - math.log(r) for p, r in zip(P, ratios, strict=False)]
     inputs = {"logprobs": q, "advantages": advantages}
     if mask is not None:
         inputs["mask"] = mask
@@ -43,7 +43,7 @@ def test_loss_values_by_hand() -> None:
     assert cispo == pytest.approx(-(1.2 * P[0] * 1 + 0.8 * P[1] * -1 + 0.8 * P[2] * 1))
     dro, _ = loss_value("dro", [P], [inputs], {"beta": 0.5})
     expected = -sum(m * (p * a - 0.25 * math.log(r) ** 2) for p, a, r, m in
-                    zip(P, [1.0, -1.0, 1.0, 2.0], [1.5, 0.5, 0.5, 1.0], [1, 1, 1, 0]))
+                    zip(P, [1.0, -1.0, 1.0, 2.0], [1.5, 0.5, 0.5, 1.0], [1, 1, 1, 0], strict=False))
     assert dro == pytest.approx(expected)
 
 
@@ -106,7 +106,7 @@ def test_loss_gradient_equals_weighted_cross_entropy_gradient(loss: str) -> None
     theta0 = np.random.default_rng(3).normal(size=(V, D))
     p0 = _logprobs(theta0).tolist()
     ratios, advantages = [1.5, 0.5, 1.05, 0.95], [1.0, -1.0, -2.0, 0.5]
-    inputs = {"logprobs": [p - math.log(r) for p, r in zip(p0, ratios)],
+    inputs = {"logprobs": [p - math.log(r) for p, r in zip(p0, ratios, strict=False)],
               "advantages": advantages}
     weights = [-c for c in dloss_dp(loss, p0, inputs, {})]
     loss_grad = _fd_grad(lambda t: loss_value(loss, [_logprobs(t).tolist()], [inputs], {})[0],

@@ -70,7 +70,8 @@ def test_the_contract_is_read_as_package_data_from_any_folder(tmp_path: Path) ->
 def test_paths_resolve_with_or_without_prefix(spec: OpenAPI) -> None:
     assert spec.match_path("/runs/abc/finish") == "/v1/training/runs/{run_id}/finish"
     assert spec.match_path("/v1/training/runs/abc") == "/v1/training/runs/{run_id}"
-    assert spec.match_path("/runs/abc/operations/3") == "/v1/training/runs/{run_id}/operations/{seq}"
+    assert spec.match_path("/runs/abc/operations/3") == \
+        "/v1/training/runs/{run_id}/operations/{seq}"
     assert spec.match_path("/nowhere") is None
 
 

@@ -21,8 +21,15 @@ from conformance.cli import main
 from conformance.context import Ctx
 from conformance.options import Options
 from conformance.registry import CheckFailed, Status
-from conformance.target import (EMBEDDED_API_KEY, EMBEDDED_BASE_URL, EMBEDDED_DEFAULTS,
-                                EMBEDDED_SECOND_API_KEY, Target, mask_secrets, open_target)
+from conformance.target import (
+    EMBEDDED_API_KEY,
+    EMBEDDED_BASE_URL,
+    EMBEDDED_DEFAULTS,
+    EMBEDDED_SECOND_API_KEY,
+    Target,
+    mask_secrets,
+    open_target,
+)
 from mock_server import InProcessTransport, create_app
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 
+from stateless_server import stateless_app
+
 from conformance import run_suite
 from conformance.options import Options
 from conformance.registry import Status
 from conformance.target import Target
 from mock_server import InProcessTransport
-from stateless_server import stateless_app
 
 # Pinned: exactly these pass, each for a reason that holds for a stateless server.
 FAIR_PASSES = {

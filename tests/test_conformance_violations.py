@@ -15,8 +15,8 @@ from conformance import open_target, run_suite
 from conformance.options import Options
 from conformance.registry import Status
 from mock_server import Backend, create_app
-from mock_server.transport import InProcessTransport
 from mock_server.testing.violations import VIOLATIONS
+from mock_server.transport import InProcessTransport
 
 EXPECTED: dict[str, set[str]] = {
     "replay_reexecutes": {"ORD-3"},

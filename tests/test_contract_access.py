@@ -7,10 +7,17 @@ Expected values come from the contract text (whitney-contract.md), not from the 
 from __future__ import annotations
 
 import pytest
-
 from conftest import (
-    ADAMW, API, KEY, MODEL, ce_datum, expect_error, new_run,
-    state_snapshot, assert_same_state, text_tokens,
+    ADAMW,
+    API,
+    KEY,
+    MODEL,
+    assert_same_state,
+    ce_datum,
+    expect_error,
+    new_run,
+    state_snapshot,
+    text_tokens,
 )
 
 ALL_PRIMITIVES = {"forward", "forward_backward", "optim_step", "save_weights_for_sampler",
@@ -145,10 +152,10 @@ def test_disc_1_capabilities_document(client):
     assert caps["contract_version"] == "1.1"
     assert set(caps["primitives"]) == ALL_PRIMITIVES
     assert caps["optimizers"] == ["adamw"]
-    for name, spec in caps["loss_functions"].items():
+    for _name, spec in caps["loss_functions"].items():
         assert set(spec) >= {"inputs", "config"}
         assert set(spec["inputs"]) == {"required", "optional"}
-        for key, bounds in spec["config"].items():
+        for _key, bounds in spec["config"].items():
             assert set(bounds) >= {"default", "min", "max"}
             assert bounds["min"] <= bounds["default"] <= bounds["max"]
     losses = caps["loss_functions"]

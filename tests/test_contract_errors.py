@@ -11,10 +11,17 @@ import json
 from typing import Any
 
 import pytest
-
 from conftest import (
-    ADAMW, API, MODEL, assert_same_state, ce_datum, expect_error, live_server, new_run,
-    state_snapshot, text_tokens,
+    ADAMW,
+    API,
+    MODEL,
+    assert_same_state,
+    ce_datum,
+    expect_error,
+    live_server,
+    new_run,
+    state_snapshot,
+    text_tokens,
 )
 
 NEXT = 5  # the primed run below has executed seqs 1..4

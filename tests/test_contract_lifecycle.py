@@ -8,23 +8,31 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+from conftest import (
+    ADAMW,
+    API,
+    MODEL,
+    RunHandle,
+    assert_same_state,
+    ce_datum,
+    expect_error,
+    new_run,
+    state_snapshot,
+    text_tokens,
+    wait_held,
+)
 
 from mock_server import Features
-
-from conftest import (
-    ADAMW, API, MODEL, RunHandle, ce_datum, expect_error, new_run,
-    state_snapshot, assert_same_state, text_tokens, wait_held,
-)
 
 
 def parse_rfc3339_utc(text: str) -> datetime:
     """LIFE-1: RFC 3339 UTC ('Z' or '+00:00')."""
     assert text.endswith("Z") or text.endswith("+00:00"), text
     parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    assert parsed.utcoffset() == timezone.utc.utcoffset(None)
+    assert parsed.utcoffset() == UTC.utcoffset(None)
     return parsed
 
 

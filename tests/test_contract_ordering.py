@@ -12,11 +12,16 @@ import threading
 from typing import Any
 
 import numpy as np
-import pytest
-
 from conftest import (
-    ADAMW, assert_same_state, ce_datum, expect_error, new_run, params_of,
-    state_snapshot, text_tokens, wait_held,
+    ADAMW,
+    assert_same_state,
+    ce_datum,
+    expect_error,
+    new_run,
+    params_of,
+    state_snapshot,
+    text_tokens,
+    wait_held,
 )
 
 FB = {"loss_function": "cross_entropy", "loss_config": {},

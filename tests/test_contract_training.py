@@ -13,10 +13,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from conftest import (
-    ADAMW, API, assert_same_state, ce_datum, expect_error, new_run, params_of, rl_datum,
-    state_snapshot, text_tokens,
+    ADAMW,
+    API,
+    assert_same_state,
+    ce_datum,
+    expect_error,
+    new_run,
+    params_of,
+    rl_datum,
+    state_snapshot,
+    text_tokens,
 )
 
 TEXTS = ["the cat sat", "on a mat!", "Whitney 42"]
@@ -89,7 +96,7 @@ def test_loss_1_to_5_value_matches_formula(run, loss, config, effective):
     for primitive in ("forward", "forward_backward"):
         result = run.ok(primitive, body)
         expected, positions, ratios = 0.0, 0, []
-        for d, (output, inputs) in enumerate(zip(result["outputs"], flat_inputs)):
+        for output, inputs in zip(result["outputs"], flat_inputs, strict=True):
             assert len(output["logprobs"]) == len(inputs["target_tokens"])
             for i, p in enumerate(output["logprobs"]):
                 position = {k: v[i] for k, v in inputs.items() if k != "target_tokens"}
@@ -112,7 +119,7 @@ def test_loss_outputs_are_current_policy_logprobs(run):
     run.ok("save_weights_for_sampler", {"version": 0})
     outputs = run.ok("forward", ce_body(TEXTS))["outputs"]
     tol = run.client.get(f"{API}/capabilities").json()["features"]["logprob_tolerance"]
-    for text, output in zip(TEXTS, outputs):
+    for text, output in zip(TEXTS, outputs, strict=False):
         scored = run.ok("logprobs", {"version": 0, "token_ids": text_tokens(text)})["logprobs"]
         assert scored[0] is None
         assert np.max(np.abs(np.asarray(scored[1:]) - output["logprobs"])) <= tol

@@ -13,9 +13,16 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import (
-    ADAMW, API, EOS, MODEL, ce_datum, expect_error, new_run, params_of, text_tokens,
+    ADAMW,
+    API,
+    EOS,
+    MODEL,
+    ce_datum,
+    expect_error,
+    new_run,
+    params_of,
+    text_tokens,
 )
 from test_contract_training import TEXTS, ce_body, reference_adamw
 

@@ -14,11 +14,18 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import (
-    ADAMW, API, assert_same_state, ce_datum, expect_error, new_run, state_snapshot, text_tokens,
+    ADAMW,
+    API,
+    assert_same_state,
+    ce_datum,
+    expect_error,
+    new_run,
+    state_snapshot,
+    text_tokens,
     wait_held,
 )
+
 from mock_server import InProcessTransport, create_app
 from mock_server.testing import MockControlError, MockWhitney
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from conftest import API, KEY, MODEL, FakeClock, ce_datum, expect_error, new_run, text_tokens
+
 from mock_server import Backend
 from mock_server.backend import schemas
 from mock_server.backend.primitives import PRIMITIVES

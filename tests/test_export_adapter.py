@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import API, RunHandle, ce_datum, new_run, text_tokens
 from safetensors.numpy import load_file
 
-from conftest import API, RunHandle, ce_datum, new_run, text_tokens
 from mock_server.engine.model import get_base_model
 from mock_server.engine.specs import BASE_MODEL_SPECS, Lora
 

@@ -33,12 +33,28 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from conftest import ADAMW, API, BOS, KEY, ce_datum, expect_error, new_run, text_tokens
-from fuzz_support import (BODY_LIMIT, KNOWN, LIFECYCLE, LIMITS, PRIMITIVES, PROBE, STATS,
-                          Crashes, World, asgi_call, assert_same, check, draw_headers,
-                          draw_request, dump, observe)
+from fuzz_support import (
+    BODY_LIMIT,
+    KNOWN,
+    LIFECYCLE,
+    LIMITS,
+    PRIMITIVES,
+    PROBE,
+    STATS,
+    Crashes,
+    World,
+    asgi_call,
+    assert_same,
+    check,
+    draw_headers,
+    draw_request,
+    dump,
+    observe,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from mock_server import InProcessTransport, create_app
 
 EXAMPLES = int(os.environ.get("WHITNEY_FUZZ_EXAMPLES", "150"))

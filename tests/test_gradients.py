@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mock_server.engine.losses import LOSS_SPECS
 from mock_server.engine.model import get_base_model
@@ -46,7 +47,7 @@ def make_batch(lora: Lora, loss: str, seed: int, lengths=(6, 11, 1), mask_mode="
     targets = [rng.integers(0, VOCAB_SIZE, n) for n in lengths]
     p_now = MODEL.forward(lora, tokens, targets)
     inputs = []
-    for tgt, p in zip(targets, p_now):
+    for tgt, p in zip(targets, p_now, strict=False):
         n = len(tgt)
         if loss == "cross_entropy":
             datum = {"target_tokens": tgt.astype(np.float64)}
@@ -70,7 +71,7 @@ def make_batch(lora: Lora, loss: str, seed: int, lengths=(6, 11, 1), mask_mode="
 def reference_loss(loss: str, p_list, inputs, config) -> float:
     """The contract formulas, written out from the spec."""
     total = 0.0
-    for p, inp in zip(p_list, inputs):
+    for p, inp in zip(p_list, inputs, strict=False):
         if loss == "cross_entropy":
             total += -np.sum(inp.get("weights", np.ones_like(p)) * p)
             continue
@@ -101,14 +102,15 @@ def surrogate(loss, lora, tokens, inputs, config, frozen_ratio=None):
     if loss != "cispo":
         return reference_loss(loss, p_list, inputs, config)
     return float(-sum(np.sum(d.get("mask", 1.0) * c * p * d["advantages"])
-                      for d, c, p in zip(inputs, frozen_ratio, p_list)))
+                      for d, c, p in zip(inputs, frozen_ratio, p_list, strict=False)))
 
 
 def frozen_cispo_ratio(lora, tokens, inputs, config):
     targets = [np.asarray(d["target_tokens"]).astype(int) for d in inputs]
     p_list = MODEL.forward(lora, tokens, targets)
     lo, hi = config["clip_low_threshold"], config["clip_high_threshold"]
-    return [np.clip(np.exp(p - d["logprobs"]), lo, hi) for p, d in zip(p_list, inputs)]
+    return [np.clip(np.exp(p - d["logprobs"]), lo, hi)
+            for p, d in zip(p_list, inputs, strict=False)]
 
 
 def with_param(lora: Lora, key: str, value: np.ndarray) -> Lora:
@@ -132,7 +134,7 @@ def test_gradient_matches_central_finite_differences(loss, mask_mode):
         assert np.abs(grad).max() > 0, key  # non-trivial for every matrix (B is non-zero)
         entries = [tuple(rng.integers(0, s) for s in base.shape) for _ in range(8)]
         directions = [np.zeros_like(base) for _ in entries]
-        for direction, idx in zip(directions, entries):
+        for direction, idx in zip(directions, entries, strict=False):
             direction[idx] = 1.0
         directions.append(rng.standard_normal(base.shape))
         for direction in directions:
@@ -169,7 +171,7 @@ def test_loss_and_logprobs_match_contract_formulas(loss, seed, lengths, mask_mod
     result = MODEL.loss_and_grad(lora, tokens, inputs, loss, config, need_grad=False)
     assert result.grads is None
     p_list = MODEL.forward(lora, tokens, [d["target_tokens"] for d in inputs])
-    for got, want in zip(result.logprobs, p_list):
+    for got, want in zip(result.logprobs, p_list, strict=False):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
     want_loss = reference_loss(loss, p_list, inputs, config)
     assert result.loss == pytest.approx(want_loss, rel=1e-12, abs=1e-12)
@@ -262,9 +264,9 @@ def test_grad1_large_batch_equals_sum_of_single_datum_calls(loss):
         d[key][: int(0.4 * len(d[key]))] = 0.0
     whole = MODEL.loss_and_grad(lora, tokens, inputs, loss, CONFIGS[loss], need_grad=True)
     parts = [MODEL.loss_and_grad(lora, [t], [d], loss, CONFIGS[loss], need_grad=True)
-             for t, d in zip(tokens, inputs)]
+             for t, d in zip(tokens, inputs, strict=False)]
     assert whole.loss == pytest.approx(sum(p.loss for p in parts), rel=1e-11)
-    for got, part in zip(whole.logprobs, parts):
+    for got, part in zip(whole.logprobs, parts, strict=False):
         np.testing.assert_allclose(got, part.logprobs[0], rtol=0, atol=1e-12)
     for key in lora.params:
         np.testing.assert_allclose(whole.grads[key], sum(p.grads[key] for p in parts),

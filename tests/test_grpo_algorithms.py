@@ -7,16 +7,16 @@ import math
 import statistics
 
 import pytest
-
 from conftest import BOS
+from test_grpo_support import tapped_client
+
 from grpo.algorithms import ALGORITHMS, LossContext, UniformRewardError, get_algorithm
 from grpo.loop import LoopConfig, train
 from grpo.tasks import ByteTokenizer
-from test_grpo_support import tapped_client
 
 PROMPT = [BOS, *b"sun"]
 COMPLETIONS = [[97, 98, 257], [99], [100, 101], [102, 103, 104, 257]]
-REWARDS = {tuple(c): r for c, r in zip(COMPLETIONS, [0.25, 1.0, 0.0, 0.5])}
+REWARDS = {tuple(c): r for c, r in zip(COMPLETIONS, [0.25, 1.0, 0.0, 0.5], strict=False)}
 SAMPLE = {"version": 3, "step": 3, "sequences": [
     {"tokens": c, "logprobs": [-0.5 - 0.1 * i for i in range(len(c))], "stop_reason": "stop"}
     for c in COMPLETIONS]}
@@ -62,7 +62,7 @@ def test_build_loss_payload_matches_the_formula(name):
     assert (algorithm.loss_function, algorithm.loss_config) == (loss_function, loss_config)
     expected_G = formula([REWARDS[tuple(c)] for c in COMPLETIONS])
     for datum, completion, sequence, advantage in zip(
-        payload["data"], COMPLETIONS, SAMPLE["sequences"], expected_G
+        payload["data"], COMPLETIONS, SAMPLE["sequences"], expected_G, strict=False
     ):
         inputs = datum["loss_inputs"]
         prompt_positions = len(PROMPT) - 1
@@ -107,7 +107,7 @@ def test_kl_penalty_is_folded_per_completion_token():
     assert [version for version, _ in run.calls] == [2] * len(COMPLETIONS)
     assert [tokens for _, tokens in run.calls] == [PROMPT + c for c in COMPLETIONS]
     for before, after, completion, sequence in zip(
-        plain["data"], penalised["data"], COMPLETIONS, SAMPLE["sequences"]
+        plain["data"], penalised["data"], COMPLETIONS, SAMPLE["sequences"], strict=False
     ):
         full = PROMPT + completion
         for t in range(len(full) - 1):
@@ -143,10 +143,11 @@ def test_kl_penalty_on_the_mock_vanishes_at_the_reference_version(mock):
     for g in range(0, len(first_cycle), config.group_size):
         group = first_cycle[g:g + config.group_size]
         completions = [[t for t, m in zip(d["loss_inputs"]["target_tokens"],
-                                          d["loss_inputs"]["mask"]) if m] for d in group]
+                                          d["loss_inputs"]["mask"], strict=True) if m]
+                       for d in group]
         rewards = [float(sum(c)) for c in completions]
-        for datum, expected in zip(group, centred(rewards)):
+        for datum, expected in zip(group, centred(rewards), strict=False):
             inputs = datum["loss_inputs"]
-            for advantage, m in zip(inputs["advantages"], inputs["mask"]):
+            for advantage, m in zip(inputs["advantages"], inputs["mask"], strict=False):
                 if m:
                     assert abs(advantage - expected) <= kl_coef * 2 * tolerance

@@ -11,8 +11,9 @@ from concurrent.futures import wait
 
 import httpx
 import pytest
-
 from conftest import BOS, KEY, MODEL, OTHER_KEY
+from test_grpo_support import Fault, tapped_client
+
 from grpo.client import AdamW, WhitneyClient
 from grpo.errors import (
     AuthenticationError,
@@ -26,7 +27,6 @@ from grpo.errors import (
     ValidationError,
 )
 from grpo.helpers import forward_backward_payload, rl_datum
-from test_grpo_support import Fault, tapped_client
 
 ADAMW = AdamW(learning_rate=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
               grad_clip_norm=1.0)
@@ -47,7 +47,7 @@ def new_run(client: WhitneyClient):
 def rl_payload(sample: dict) -> dict:
     advantages = [1.0, -1.0, 0.5, -0.5]
     data = [rl_datum(PROMPT, s["tokens"], s["logprobs"], a)
-            for s, a in zip(sample["sequences"], advantages)]
+            for s, a in zip(sample["sequences"], advantages, strict=False)]
     return forward_backward_payload(data, "importance_sampling")
 
 

@@ -7,10 +7,10 @@ import math
 import statistics
 
 import pytest
+from conftest import API, BOS, KEY, MODEL
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from conftest import API, BOS, MODEL, KEY
 from grpo.helpers import (
     STD_EPS,
     all_zero,
@@ -30,7 +30,7 @@ tokens_st = st.lists(st.integers(min_value=0, max_value=257), min_size=1, max_si
 
 def close(a: list[float], b: list[float], scale: float = 1.0) -> bool:
     return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9 * scale)
-                                    for x, y in zip(a, b))
+                                    for x, y in zip(a, b, strict=False))
 
 
 def reference_advantages(rewards: list[float], normalize_std: bool) -> list[float]:
@@ -176,15 +176,16 @@ def test_rl_datum_aligns_with_the_servers_positions(mock):
                      "seed": 11}}).json()
     advantages = [0.5, -1.5, 1.0]
     data = [rl_datum(prompt, s["tokens"], s["logprobs"], a)
-            for s, a in zip(sample["sequences"], advantages)]
+            for s, a in zip(sample["sequences"], advantages, strict=False)]
     response = http.post(f"{API}/runs/{run}/forward", json={
         "seq": 3, **forward_backward_payload(data, "importance_sampling")})
     assert response.status_code == 200, response.text
     result = response.json()
-    for datum, output in zip(data, result["outputs"]):
+    for datum, output in zip(data, result["outputs"], strict=False):
         for p, q, m in zip(output["logprobs"], datum["loss_inputs"]["logprobs"],
-                           datum["loss_inputs"]["mask"]):
+                           datum["loss_inputs"]["mask"], strict=False):
             if m:
                 assert abs(p - q) <= tolerance
-    expected_loss = -sum(a * len(s["tokens"]) for s, a in zip(sample["sequences"], advantages))
+    expected_loss = -sum(a * len(s["tokens"])
+                         for s, a in zip(sample["sequences"], advantages, strict=False))
     assert math.isclose(result["loss"], expected_loss, rel_tol=1e-6, abs_tol=1e-6)

@@ -26,13 +26,13 @@ import json
 import statistics
 
 import pytest
+from test_grpo_support import tapped_client
 
 from grpo.algorithms import get_algorithm
 from grpo.cli import main
 from grpo.client import AdamW
 from grpo.loop import DEFAULT_ADAMW, LoopConfig, train
 from grpo.tasks import ByteTokenizer, get_task
-from test_grpo_support import tapped_client
 
 MARGIN = 0.15
 

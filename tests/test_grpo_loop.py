@@ -7,8 +7,9 @@ import hashlib
 import math
 
 import pytest
-
 from conftest import API, KEY
+from test_grpo_support import Fault, label_of, tapped_client
+
 from grpo.algorithms import Algorithm, UniformRewardError, get_algorithm
 from grpo.client import TERMINAL_RUN_STATES
 from grpo.errors import CapabilityError, ConflictError, ConnectionFailed, ServerError, TrainingError
@@ -16,7 +17,6 @@ from grpo.helpers import forward_backward_payload, rl_datum
 from grpo.loop import LoopConfig, merge_payloads, train
 from grpo.tasks import ByteTokenizer
 from mock_server import Features
-from test_grpo_support import Fault, label_of, tapped_client
 
 TOKENIZER = ByteTokenizer()
 PROMPTS = [TOKENIZER.encode(word) for word in ("cat", "dog", "sun")]
@@ -308,7 +308,7 @@ def test_merged_forward_backward_equals_one_request_per_chunk(make_mock):
     split = train(split_client, PROMPTS, spread_reward, get_algorithm("grpo"), config)
     assert merged_tap.labels().count("forward_backward") == 3
     assert split_tap.labels().count("forward_backward") == 3 * 4  # 12 datums / 3
-    for a, b in zip(merged.metrics, split.metrics):
+    for a, b in zip(merged.metrics, split.metrics, strict=False):
         assert math.isclose(a.grad_norm, b.grad_norm, rel_tol=1e-9)
         assert math.isclose(a.loss, b.loss, rel_tol=1e-9, abs_tol=1e-9)
 

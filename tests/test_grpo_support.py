@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
-
 from conftest import KEY
+
 from grpo.client import RetryPolicy, WhitneyClient
 
 __all__ = ["Call", "Fault", "Tap", "label_of", "tapped_client"]

@@ -14,10 +14,18 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import (
-    API, BOS, KEY, MODEL, OTHER_KEY, RunHandle, assert_same_state, ce_datum, expect_error,
-    new_run, state_snapshot,
+    API,
+    BOS,
+    KEY,
+    MODEL,
+    OTHER_KEY,
+    RunHandle,
+    assert_same_state,
+    ce_datum,
+    expect_error,
+    new_run,
+    state_snapshot,
 )
 
 MAX_CONTEXT = 2048  # whitney-mock/tiny-byte, published in capabilities.base_models (checked)

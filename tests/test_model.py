@@ -15,11 +15,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mock_server.engine.model import BaseModel, get_base_model
-from mock_server.engine.specs import (BASE_MODEL_ID, BASE_MODEL_SPECS, BOS_TOKEN, EOS_TOKEN,
-                                      VOCAB_SIZE, Lora, lora_key)
+from mock_server.engine.specs import (
+    BASE_MODEL_ID,
+    BASE_MODEL_SPECS,
+    BOS_TOKEN,
+    EOS_TOKEN,
+    VOCAB_SIZE,
+    Lora,
+    lora_key,
+)
 
 MODEL = get_base_model(BASE_MODEL_ID)
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +145,7 @@ def test_forward_matches_reference_for_ragged_batches(lengths, seed):
     targets = [random_tokens(rng, n) for n in lengths]
     got = MODEL.forward(lora, tokens, targets)
     assert len(got) == len(lengths)
-    for toks, tgts, lp in zip(tokens, targets, got):
+    for toks, tgts, lp in zip(tokens, targets, got, strict=False):
         assert lp.dtype == np.float64 and lp.shape == (len(toks),)
         if len(toks):
             want = reference_log_softmax_T_V(lora, toks)[np.arange(len(toks)), tgts]

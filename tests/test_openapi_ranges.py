@@ -14,10 +14,16 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from openapi_support import (  # noqa: F401
+    pointer,
+    registry,
+    spec,
+    spec_text,
+    strict_registry,
+    strict_spec,
+    validator_at,
+)
 from referencing import Registry
-
-from openapi_support import (pointer, registry, spec, spec_text,  # noqa: F401
-                             strict_registry, strict_spec, validator_at)
 
 
 # ------------------------------------------------------------ schemas behave as the contract says

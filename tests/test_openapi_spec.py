@@ -16,11 +16,21 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate as validate_openapi
+from openapi_support import (  # noqa: F401
+    PRIMITIVES,
+    contract,
+    operations,
+    pointer,
+    registry,
+    resolve,
+    responses,
+    spec,
+    spec_text,
+    strict_registry,
+    strict_spec,
+    validator_at,
+)
 from referencing import Registry
-
-from openapi_support import (PRIMITIVES, contract, operations, pointer, registry,  # noqa: F401
-                             resolve, responses, spec, spec_text, strict_registry, strict_spec,
-                             validator_at)
 
 # The error names the prose contract never gives, which the mock uses (the strict profile's).
 MOCK_ERROR_TYPES = {"validation_error", "unauthorized", "not_found", "operation_not_found",
@@ -118,14 +128,14 @@ def test_error_responses_use_the_one_error_envelope(spec: dict[str, Any],
                                                     strict_spec: dict[str, Any]) -> None:
     """ERR-1: every 4xx/5xx references ``Error``; under the strict profile each also names the
     ``error.type`` values the mock answers with."""
-    for path, method, status, response in responses(spec):
+    for path, _method, status, response in responses(spec):
         if status[0] not in "45":
             continue
         media = response["content"]["application/json"]
         assert media["schema"] == {"$ref": "#/components/schemas/Error"}, (path, status)
         if status == "429":
             assert resolve(spec, response["headers"]["Retry-After"])["required"] is True
-    for path, method, status, response in responses(strict_spec):
+    for path, _method, status, response in responses(strict_spec):
         if status[0] in "45":
             types = response.get("x-error-types")
             assert types and all(re.fullmatch(r"[a-z][a-z0-9_]*", t) for t in types), (path,

@@ -19,15 +19,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import event, given, settings, strategies as st
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from grpo.algorithms import get_algorithm
 from grpo.client import RetryPolicy, WhitneyClient
-from grpo.errors import (ConflictError, ConnectionFailed, RateLimitError, ServerError,
-                         TrainingError, ValidationError)
+from grpo.errors import (
+    ConflictError,
+    ConnectionFailed,
+    RateLimitError,
+    ServerError,
+    TrainingError,
+    ValidationError,
+)
 from grpo.loop import LoopConfig, train
 from grpo.tasks import ByteTokenizer
-from hypothesis_profiles import examples
 from mock_server.testing import MockWhitney
 
 TOKENIZER = ByteTokenizer()

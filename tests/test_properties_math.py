@@ -24,11 +24,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
-
 from conftest import ADAMW, API, MODEL, module_mock
-from grpo.helpers import group_mean_advantages, is_uniform, rl_datum
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from hypothesis_profiles import examples
+
+from grpo.helpers import group_mean_advantages, is_uniform, rl_datum
 from mock_server.engine.model import get_base_model
 from mock_server.engine.optim import AdamWState, adamw_step
 from mock_server.engine.specs import Lora
@@ -40,7 +41,7 @@ REWARDS = st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=2, max_size=1
 
 # -- advantage helpers --------------------------------------------------------------------------
 def close(a: list[float], b: list[float], tol: float) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
+    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b, strict=False))
 
 
 @given(REWARDS, st.booleans())
@@ -87,9 +88,11 @@ def test_advantage_weighted_rewards_sum_to_group_variance(rewards):
     size, std = len(rewards), statistics.pstdev(rewards)
     centred = group_mean_advantages(rewards)
     normalised = group_mean_advantages(rewards, normalize_std=True)
-    assert math.isclose(math.fsum(a * r for a, r in zip(centred, rewards)), size * std**2,
+    assert math.isclose(math.fsum(a * r for a, r in zip(centred, rewards, strict=True)),
+                        size * std**2,
                         rel_tol=1e-6)
-    assert math.isclose(math.fsum(a * r for a, r in zip(normalised, rewards)), size * std,
+    assert math.isclose(math.fsum(a * r for a, r in zip(normalised, rewards, strict=True)),
+                        size * std,
                         rel_tol=1e-6)
     assert math.isclose(math.fsum(a * a for a in normalised), size, rel_tol=1e-9)
 
@@ -121,7 +124,7 @@ def test_on_policy_rl_losses_are_advantage_weighted_cross_entropy(seed, prompt, 
     p_list = BASE.forward(lora, [np.array(prompt + c)[:-1] for c in completions],
                           [np.array(prompt + c)[1:] for c in completions])
     data = [rl_datum(prompt, c, p[len(prompt) - 1:].tolist(), a)
-            for c, p, a in zip(completions, p_list, advantages_G)]
+            for c, p, a in zip(completions, p_list, advantages_G, strict=False)]
     token_ids = [np.array(d["model_input"]["token_ids"]) for d in data]
     inputs = [{k: np.array(v, dtype=np.float64) for k, v in d["loss_inputs"].items()}
               for d in data]
@@ -134,7 +137,7 @@ def test_on_policy_rl_losses_are_advantage_weighted_cross_entropy(seed, prompt, 
             np.testing.assert_allclose(result.grads[key], reference.grads[key], rtol=1e-9,
                                        atol=1e-12 * (1 + np.abs(reference.grads[key]).max()))
     is_loss = BASE.loss_and_grad(lora, token_ids, inputs, "importance_sampling", {}, False).loss
-    expected = -math.fsum(a * len(c) for a, c in zip(advantages_G, completions))
+    expected = -math.fsum(a * len(c) for a, c in zip(advantages_G, completions, strict=False))
     assert math.isclose(is_loss, expected, rel_tol=1e-9, abs_tol=1e-9)
     if len({len(c) for c in completions}) == 1:
         assert abs(is_loss) <= 1e-9 * len(completions[0]) * max(1.0, *map(abs, advantages_G))
@@ -239,7 +242,7 @@ def wire_data(case: dict[str, Any], lora: Lora) -> list[dict[str, Any]]:
     p_now = BASE.forward(lora, [np.array(d["tokens"]) for d in case["datums"]],
                          [np.array(d["targets"]) for d in case["datums"]])
     data = []
-    for d, p in zip(case["datums"], p_now):
+    for d, p in zip(case["datums"], p_now, strict=False):
         inputs: dict[str, Any] = {"target_tokens": d["targets"]}
         for name in ("weights", "advantages", "mask"):
             if name in d:
@@ -256,7 +259,7 @@ def reference_loss(case: dict[str, Any], data: list[dict[str, Any]], lora: Lora,
     p_list = BASE.forward(lora, [np.array(d["model_input"]["token_ids"]) for d in data],
                           [np.array(d["loss_inputs"]["target_tokens"]) for d in data])
     total, loss, lo, hi = 0.0, case["loss"], case["lo"], case["hi"]
-    for i, (d, p) in enumerate(zip(data, p_list)):
+    for i, (d, p) in enumerate(zip(data, p_list, strict=False)):
         inputs = {k: np.array(v, dtype=np.float64) for k, v in d["loss_inputs"].items()}
         if loss == "cross_entropy":
             total -= np.sum(inputs.get("weights", 1.0) * p)
@@ -300,7 +303,7 @@ def test_forward_backward_gradient_equals_finite_differences(mock, case, rank, a
     if case["loss"] == "cispo":
         p_list = [np.array(o["logprobs"]) for o in result["outputs"]]
         frozen = [np.clip(np.exp(p - np.array(d["loss_inputs"]["logprobs"])), case["lo"],
-                          case["hi"]) for d, p in zip(data, p_list)]
+                          case["hi"]) for d, p in zip(data, p_list, strict=False)]
     rng = np.random.default_rng(direction_seed)
     h = 1e-5
     for key, param in lora.params.items():
@@ -412,7 +415,7 @@ def test_ckpt_1_load_state_then_the_same_steps_reproduces_the_weights(mock, befo
                          for d in data], case["loss"], case["config"], True).grads
                     params, state, _, _ = adamw_step(params, grads, state, **adamw)
                     expected.append(params)
-            assert all(same_arrays(got, want) for got, want in zip(again, expected))
+            assert all(same_arrays(got, want) for got, want in zip(again, expected, strict=False))
             assert session.backend.runs[run_id].step == saved["step"] + len(after)
     finally:
         session.close()

@@ -21,10 +21,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import ADAMW, API, BOS, EOS, MODEL, expect_error, module_mock
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis_profiles import examples
+
 from mock_server.engine.model import get_base_model
 from mock_server.engine.specs import Lora
 
@@ -160,7 +161,7 @@ class Trainer:
         outputs = self.post("forward", {"loss_function": "cross_entropy", "loss_config": {},
                                         "data": data})["outputs"]
         start = len(request["prompt"]["token_ids"]) - 1
-        for sequence, output in zip(response["sequences"], outputs):  # VER-3: forward
+        for sequence, output in zip(response["sequences"], outputs, strict=False):  # VER-3: forward
             np.testing.assert_allclose(output["logprobs"][start:], sequence["logprobs"],
                                        rtol=0, atol=self.tolerance)
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from conftest import API, KEY, FakeClock, expect_error, new_run
 
-BUG_1 = ("BUG-1 (fixed in state.py: every path out of cancelling pops _cancelling): Backend.tick() indexes self.runs with stale _cancelling entries: a run that "
+BUG_1 = ("BUG-1 (fixed in state.py: every path out of cancelling pops _cancelling): "
+         "Backend.tick() indexes self.runs with stale _cancelling entries: a run that "
          "leaves 'cancelling' other than through _settle (session expiry, fail_run) keeps its "
          "entry, and once its session leaves the closed-session retention window every request "
          "answers 500 (KeyError)")

@@ -15,8 +15,8 @@ import time
 import httpx
 import orjson
 import pytest
-
 from conftest import API, ce_datum, new_run, text_tokens
+
 from mock_server.http.logs import REQUEST_LOGGER, find_seq, format_fields
 
 FB = {"loss_function": "cross_entropy", "loss_config": {},
@@ -54,7 +54,7 @@ def test_one_line_per_request_with_what_the_client_saw(whitney_mock, caplog) -> 
         {"method": "GET", "path": run.url(), "status": 200, "run": run.run_id, "seq": None,
          "replayed": False, "fault": None},
     ]
-    for line, want, response in zip(lines, expected, sent):
+    for line, want, response in zip(lines, expected, sent, strict=False):
         assert {k: line[k] for k in want} == want
         assert line["request_id"] == response.headers["x-request-id"]
         assert float(line["ms"]) >= 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mock_server.engine.model import get_base_model
 from mock_server.engine.specs import BASE_MODEL_ID, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, Lora

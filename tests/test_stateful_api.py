@@ -7,7 +7,8 @@ finishes, server-side failures, TTL expiry (LIFE-4), heartbeats, closes (LIFE-3)
 closed-session retention window, creations with an Idempotency-Key from a small pool (LIFE-9:
 replays byte for byte, 409 for another body or path, keys forgotten with their session) and
 listings of every page (LIFE-10: newest first, filtered by state and metadata, runs per
-view), beside a plain-dict model of what the contract says must happen (``Model``; it and the body strategies live in ``stateful_contract_model``). After every
+view), beside a plain-dict model of what the contract says must happen (``Model``; it and the
+body strategies live in ``stateful_contract_model``). After every
 step the invariants compare server and model: run and session views (state, ``next_seq``,
 ``step``, versions), the executed trace (``/_mock/trace``: every seq once, in order, with the
 model's primitive and status), the training state ERR-3 protects (weights, gradient buffer,
@@ -29,15 +30,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import event, settings, strategies as st
-from hypothesis.stateful import Bundle, initialize, invariant, multiple, precondition, rule
-
 from conftest import API, MODEL, expect_error
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, initialize, invariant, multiple, precondition, rule
 from hypothesis_profiles import examples, steps
-from stateful_contract_model import (PRIMITIVES, TERMINAL, WITH_TOKENS, MCreation, MRun,
-                                     MSession, body_st)
+from stateful_contract_model import (
+    PRIMITIVES,
+    TERMINAL,
+    WITH_TOKENS,
+    MCreation,
+    MRun,
+    MSession,
+    body_st,
+)
 from stateful_machine_base import HOLD_MS, LIMITS, ORDER_WAIT_MS, WhitneyMachineBase
-
 
 #: LIFE-9: a small pool, so a key comes back with the same body, another body or another path.
 IDEMPOTENCY_KEYS = ["k-0", "k-1", "k-2"]

@@ -26,15 +26,24 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 import yaml
+from conftest import (
+    ADAMW,
+    API,
+    BOS,
+    KEY,
+    MODEL,
+    OTHER_KEY,
+    assert_same_state,
+    ce_datum,
+    expect_error,
+    new_run,
+    state_snapshot,
+    text_tokens,
+)
 
 import mock_server.__main__ as cli
-from conftest import (
-    ADAMW, API, BOS, KEY, MODEL, OTHER_KEY, assert_same_state, ce_datum, expect_error, new_run,
-    state_snapshot, text_tokens,
-)
 from mock_server import Backend
 
 SPEC_PATH = Path(__file__).resolve().parents[1] / "openapi.yaml"

@@ -15,9 +15,16 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-
 from conftest import (
-    ADAMW, API, KEY, expect_error, live_server, new_run, rl_datum, text_tokens, wait_held,
+    ADAMW,
+    API,
+    KEY,
+    expect_error,
+    live_server,
+    new_run,
+    rl_datum,
+    text_tokens,
+    wait_held,
 )
 
 PROMPTS = ["Q: hello\nA:", "Q: name a fruit\nA:"]
@@ -47,7 +54,7 @@ def grpo_two_cycles(client: httpx.Client, backend: Any) -> dict[str, Any]:
             assert (result["version"], result["step"]) == (cycle, cycle)  # VER-2
             rewards_G = np.array([reward(s["tokens"]) for s in result["sequences"]])
             advantages_G = rewards_G - rewards_G.mean()
-            for sequence, advantage in zip(result["sequences"], advantages_G):
+            for sequence, advantage in zip(result["sequences"], advantages_G, strict=False):
                 data.append(rl_datum(prompt, sequence["tokens"], sequence["logprobs"],
                                      float(advantage)))
                 advantages_total += float(advantage) * len(sequence["tokens"])

@@ -291,7 +291,7 @@ def err4_unknown_field(ctx: Ctx) -> None:
         "logprobs": {"version": 0, "token_ids": ctx.tokens("Qa")},
     }
     before = run.get()
-    for label, primitive, path in UNKNOWN_FIELD_CASES:
+    for _label, primitive, path in UNKNOWN_FIELD_CASES:
         if primitive == "logprobs" and not ctx.has_primitive("logprobs"):
             continue
         body = copy.deepcopy(bodies[primitive])

@@ -48,7 +48,7 @@ def build_inputs(ctx: Ctx, loss: str, data: list[dict[str, Any]],
     spec = ctx.losses()[loss]["inputs"]
     optional = set(spec.get("optional") or [])
     out = []
-    for k, (datum, p) in enumerate(zip(data, p_per_datum)):
+    for k, (datum, p) in enumerate(zip(data, p_per_datum, strict=False)):
         n = len(p)
         shift = 3 * k
         if loss == "cross_entropy":
@@ -57,7 +57,7 @@ def build_inputs(ctx: Ctx, loss: str, data: list[dict[str, Any]],
             out.append(with_inputs(datum, weights=weights))
             continue
         ratios = _cycle(RATIOS[shift:] + RATIOS[:shift], n)
-        q = [pi - math.log(r) for pi, r in zip(p, ratios)]
+        q = [pi - math.log(r) for pi, r in zip(p, ratios, strict=False)]
         mask = _cycle(MASK[shift:] + MASK[:shift], n) if "mask" in optional else None
         tokens = datum["model_input"]["token_ids"] + datum["loss_inputs"]["target_tokens"][-1:]
         out.append(rl_datum(tokens, q, _cycle(ADVANTAGES[shift:] + ADVANTAGES[:shift], n), mask))
@@ -82,7 +82,7 @@ def check_loss_value(ctx: Ctx, run: RunHandle, loss: str, data: list[dict[str, A
     what = f"{'forward_backward' if backward else 'forward'}({loss}, {config or 'defaults'})"
     if len(outputs) != len(data):
         raise CheckFailed(f"{what}: {len(outputs)} outputs for {len(data)} datums")
-    for k, (got, exp) in enumerate(zip(outputs, p_expected)):
+    for k, (got, exp) in enumerate(zip(outputs, p_expected, strict=False)):
         assert_close(got, exp, ctx.tol, f"{what} outputs[{k}].logprobs")
     inputs = [d["loss_inputs"] for d in data]
     expected, scale = loss_value(loss, outputs, inputs, config)
@@ -122,7 +122,7 @@ def assert_same_gradient(ctx: Ctx, what: str, seed: int, subject: Callable[[RunH
     assert_close(got["update_norm"], exp["update_norm"], tol, f"{what}: update_norm",
                  rel=1e3 * tol)
     assert_close(got_after, exp_after, tol, f"{what}: logprobs after the step")
-    moved = max(abs(a - b) for a, b in zip(exp_after, before))
+    moved = max(abs(a - b) for a, b in zip(exp_after, before, strict=False))
     if moved < 20 * tol:
         raise CheckWarning(f"{what}: inconclusive, the probe step moved logprobs by {moved:g} "
                            f"only (tolerance {tol:g})")
@@ -154,7 +154,7 @@ def _loss_check(loss: str) -> Callable[[Ctx], None]:
                                            + d["loss_inputs"]["target_tokens"][-1:]),
                                   weights=[-c for c in dloss_dp(loss, pk, d["loss_inputs"],
                                                                  config)])
-                      for d, pk in zip(data, p)]
+                      for d, pk in zip(data, p, strict=False)]
         assert_same_gradient(
             ctx, f"{loss} vs cross_entropy weighted by -dloss/dp", 41,
             lambda r: r.forward(data, loss, config, backward=True),
@@ -202,7 +202,7 @@ def loss6_refusals(ctx: Ctx) -> None:
     for key, spec in bounds.items():
         cases.append((f"{key} above max", {"loss_function": loss, "loss_config": {
             key: float(spec["max"]) + 1.0}, "data": [datum]}, None))
-    for label, body, etype in cases:
+    for _label, body, etype in cases:
         run.prim("forward", body, expect=(422, etype) if etype else 422)
     raw = (b'{"seq": %d, "loss_function": "%s", "loss_config": {}, "data": [{"model_input": '
            b'{"token_ids": [%d, %d]}, "loss_inputs": {"target_tokens": [%d, %d], "logprobs": '

@@ -137,7 +137,8 @@ def ord3_replay(ctx: Ctx) -> None:
     reference.body("forward_backward", body)
     expected = reference.step()
     if not expected["grad_norm"] > 0:  # else a second effect could not show
-        raise CheckFailed(f"a cross_entropy forward_backward left grad_norm {expected['grad_norm']!r}")
+        raise CheckFailed("a cross_entropy forward_backward left grad_norm "
+                          f"{expected['grad_norm']!r}")
     run = ctx.run(seed=5)
     first = run.prim("forward_backward", body)
     _replay(ctx, run, "forward_backward", 1, body, first)

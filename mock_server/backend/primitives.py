@@ -94,7 +94,7 @@ def prepare_forward(backend: Backend, run: Run, body: schemas.Forward, *,
         and int(np.concatenate(token_ids).max()) < spec.vocab_size \
         and all(t is not None for t in targets) \
         and _token_values([t for t in targets if t is not None], spec.vocab_size)
-    for i, (ids_T, arrays) in enumerate(zip(token_ids, loss_inputs)):
+    for i, (ids_T, arrays) in enumerate(zip(token_ids, loss_inputs, strict=False)):
         where = f"data[{i}]"
         if not clean:
             if len(ids_T) > spec.max_context:

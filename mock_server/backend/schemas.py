@@ -241,7 +241,7 @@ def _message(error: Any) -> str:
             return f"{error['msg']} (2**63 - 1: integers are at most 64-bit)"
     if kind == "int_from_float":
         return "Input should be an integer (a number with an integral value)"
-    return _MESSAGES.get(kind, error["msg"])
+    return str(_MESSAGES.get(kind, error["msg"]))
 
 
 def validate(model: type[Body], payload: Any) -> Any:
@@ -502,12 +502,12 @@ def _forward_fast(raw: bytes) -> Decoded:
         whole = np.logical_and.reduceat(np.trunc(flat) == flat, starts).tolist()
         as_ints = flat.astype(np.int64) if any(whole) else flat
         blocks = [(b"A", as_ints[a:a + n]) if w else (b"D", flat[a:a + n])
-                  for a, n, w in zip(starts, sizes, whole)]
+                  for a, n, w in zip(starts, sizes, whole, strict=False)]
     parts: list[Any] = [_FORWARD_HEAD]
     at = 0
-    for ids, inputs in zip(token_arrays, input_arrays):
+    for ids, inputs in zip(token_arrays, input_arrays, strict=False):
         parts.append(_DATUM_HEAD)
-        mine = dict(zip(inputs, blocks[at:at + len(inputs)]))
+        mine = dict(zip(inputs, blocks[at:at + len(inputs)], strict=False))
         at += len(inputs)
         for name in sorted(mine):
             tag, values = mine[name]
@@ -522,7 +522,7 @@ def _forward_fast(raw: bytes) -> Decoded:
     parts += (_number_part(seq), b"}")
     data = [_construct(Datum, model_input=_construct(ModelInput, token_ids=ids),
                        loss_inputs=inputs)
-            for ids, inputs in zip(token_arrays, input_arrays)]
+            for ids, inputs in zip(token_arrays, input_arrays, strict=False)]
     body = _construct(Forward, seq=seq, loss_function=loss_function, loss_config=loss_config,
                       data=data)
     body._arrays = (token_arrays, input_arrays)

@@ -35,16 +35,26 @@ import math
 import string
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ParamSpec, Sequence, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from .losses import flatten_loss_inputs, loss_terms, resolve_loss_config
 from .sampling import SampledSequence, sample_rows
-from .specs import (BASE_MODEL_SPECS, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, Lora, LossResult,
-                    ModelSpec, NonFiniteLossError, lora_key)
+from .specs import (
+    BASE_MODEL_SPECS,
+    BOS_TOKEN,
+    EOS_TOKEN,
+    VOCAB_SIZE,
+    Lora,
+    LossResult,
+    ModelSpec,
+    NonFiniteLossError,
+    lora_key,
+)
 
 __all__ = ["BaseModel", "get_base_model"]
 
@@ -421,7 +431,7 @@ class BaseModel:
             raise ValueError("token_ids and target_tokens differ in length")
         seqs = [self._check_tokens(t, "token_ids") for t in token_ids]
         tgts = [self._check_tokens(t, "target_tokens") for t in target_tokens]
-        if any(len(seq) != len(tgt) for seq, tgt in zip(seqs, tgts)):
+        if any(len(seq) != len(tgt) for seq, tgt in zip(seqs, tgts, strict=False)):
             raise ValueError("target_tokens and token_ids differ in length")
         weights = self._compile(lora)
         x_N_F = self._features(seqs)

@@ -53,9 +53,12 @@ def global_norm(arrays: dict[str, np.ndarray]) -> float:
 
 def _lerp(start: np.ndarray, end: np.ndarray, weight: float) -> np.ndarray:
     # torch.lerp's two-branch formula, so moments match torch's to the last bit where possible.
+    out: np.ndarray
     if weight < 0.5:
-        return start + weight * (end - start)
-    return end - (end - start) * (1.0 - weight)
+        out = start + weight * (end - start)
+    else:
+        out = end - (end - start) * (1.0 - weight)
+    return out
 
 
 def adamw_step(

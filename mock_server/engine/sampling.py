@@ -241,5 +241,6 @@ def sample_rows(
         SampledSequence(tokens=tokens_S_T[s, :length].copy(),
                         logprobs=logprobs_S_T[s, :length].copy(),
                         stop_reason="stop" if stopped else "length")
-        for s, (length, stopped) in enumerate(zip(lengths_S.tolist(), stopped_S.tolist()))
+        for s, (length, stopped) in enumerate(zip(lengths_S.tolist(), stopped_S.tolist(),
+                                                   strict=False))
     ]

@@ -116,7 +116,7 @@ class ModelSpec:
     @classmethod
     def declare(cls, id: str, vocab_size: int, eos_token_id: int,
                 bos_token_id: int | None = None, *, max_context: int = DEFAULT_MAX_CONTEXT,
-                max_lora_rank: int = DEFAULT_MAX_LORA_RANK) -> "ModelSpec":
+                max_lora_rank: int = DEFAULT_MAX_LORA_RANK) -> ModelSpec:
         """A declared base model (vocabulary-independent architecture); ``ValueError`` with
         one line for a bad declaration. ``bos_token_id`` may equal ``eos_token_id``."""
         return cls(id=id, vocab_size=vocab_size, max_context=max_context,
@@ -189,7 +189,7 @@ class Lora:
         """PEFT's scaling ``alpha / r``."""
         return self.alpha / self.rank
 
-    def copy(self) -> "Lora":
+    def copy(self) -> Lora:
         """Deep copy (arrays copied): versions and checkpoints never alias live weights."""
         return Lora(params={k: a.copy() for k, a in self.params.items()}, rank=self.rank,
                     alpha=self.alpha)

@@ -7,9 +7,9 @@ middleware when the control plane is on, and the request log outermost.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from os import PathLike
-import secrets
 from typing import Any
 
 from starlette.applications import Starlette

@@ -177,7 +177,8 @@ class MockWhitney:
 
     @property
     def backend(self) -> Backend:
-        return self.app.state.backend
+        backend: Backend = self.app.state.backend
+        return backend
 
     @property
     def base_models(self) -> list[dict[str, Any]]:

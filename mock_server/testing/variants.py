@@ -358,7 +358,8 @@ class WireRewrite:
         path: str = scope.get("path", "")
         app = self.app
         if "fewer_primitives" in self.switches and scope.get("method") == "POST" \
-                and _PRIMITIVE_PATH.match(path) and path.rsplit("/", 1)[-1] in UNDECLARED_PRIMITIVES:
+                and _PRIMITIVE_PATH.match(path) \
+                and path.rsplit("/", 1)[-1] in UNDECLARED_PRIMITIVES:
             app = _no_such_route
         replayed_false = "replayed_false" in self.switches and scope.get("method") == "POST" \
             and _PRIMITIVE_PATH.match(path) is not None

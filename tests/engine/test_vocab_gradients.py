@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_cases import CASES, perturbed_lora
+
 from mock_server.engine.specs import Lora
 
 LOSSES = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
@@ -35,7 +35,7 @@ def make_batch(case, lora: Lora, loss: str, seed: int, lengths=(6, 11, 1)):
                       case.vocab - 1]
     p_now = case.model.forward(lora, tokens, targets)
     inputs = []
-    for tgt, p in zip(targets, p_now):
+    for tgt, p in zip(targets, p_now, strict=False):
         n = len(tgt)
         if loss == "cross_entropy":
             inputs.append({"target_tokens": tgt.astype(np.float64),
@@ -50,7 +50,7 @@ def make_batch(case, lora: Lora, loss: str, seed: int, lengths=(6, 11, 1)):
 def reference_loss(loss: str, p_list, inputs, config, frozen_ratio=None) -> float:
     """The contract formulas; for CISPO, ``frozen_ratio`` holds sg(clip(r)) when given."""
     total = 0.0
-    for i, (p, inp) in enumerate(zip(p_list, inputs)):
+    for i, (p, inp) in enumerate(zip(p_list, inputs, strict=False)):
         if loss == "cross_entropy":
             total += -np.sum(inp["weights"] * p)
             continue
@@ -86,11 +86,12 @@ def test_gradients_match_central_finite_differences(case, loss):
     p_list = model.forward(lora, tokens, targets)
     assert result.loss == pytest.approx(reference_loss(loss, p_list, inputs, config),
                                         rel=1e-12, abs=1e-12)
-    for got, want in zip(result.logprobs, p_list):
+    for got, want in zip(result.logprobs, p_list, strict=False):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
     frozen = None
     if loss == "cispo":
-        frozen = [np.clip(np.exp(p - d["logprobs"]), 0.75, 1.25) for p, d in zip(p_list, inputs)]
+        frozen = [np.clip(np.exp(p - d["logprobs"]), 0.75, 1.25)
+                  for p, d in zip(p_list, inputs, strict=False)]
 
     def objective(candidate: Lora) -> float:
         return reference_loss(loss, model.forward(candidate, tokens, targets), inputs, config,

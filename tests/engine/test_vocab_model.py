@@ -12,9 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from engine_cases import (
+    BIG,
+    CASES,
+    SMALL,
+    next_token_logprobs,
+    perturbed_lora,
+    reference_bucket_logprobs,
+    reference_token_logprob,
+)
 
-from engine_cases import (BIG, CASES, SMALL, next_token_logprobs, perturbed_lora,
-                          reference_bucket_logprobs, reference_token_logprob)
 from mock_server.engine.model import BaseModel
 from mock_server.engine.specs import ModelSpec, lora_key
 
@@ -75,7 +82,7 @@ def test_forward_and_score_match_the_reference_on_ragged_batches(case):
     tokens = [rng.integers(0, case.vocab, n) for n in lengths]
     targets = [rng.integers(0, case.vocab, n) for n in lengths]
     got = model.forward(lora, tokens, targets)
-    for toks, tgts, lp in zip(tokens, targets, got):
+    for toks, tgts, lp in zip(tokens, targets, got, strict=False):
         assert lp.shape == (len(toks),) and lp.dtype == np.float64
         if len(toks):
             table = reference_bucket_logprobs(model, lora, toks)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_cases import BIG, CASES, next_token_logprobs, perturbed_lora
+
 from mock_server.engine.head import BucketMap
 from mock_server.engine.sampling import sample_rows, truncated_weights
 
@@ -190,7 +190,7 @@ def test_truncated_weights_equal_the_token_level_rules(seed):
     weights_S_K = truncated_weights(logits_S_K, temperature=temperature, top_k=top_k,
                                     top_p=top_p, buckets=buckets)
     of_V = buckets.bucket_of(np.arange(vocab))
-    for logits_K, weights_K in zip(logits_S_K, weights_S_K):
+    for logits_K, weights_K in zip(logits_S_K, weights_S_K, strict=False):
         logprobs_V = (logits_K - np.log(buckets.sizes_K))[of_V]
         want_V = reference_filter(logprobs_V, temperature, top_k, top_p)
         got_V = (weights_K / buckets.sizes_K)[of_V]
@@ -213,7 +213,7 @@ def test_sample_rows_shifts_logits_outside_exps_range():
                                    temperature=1.0, top_k=0, top_p=1.0, seed=3,
                                    stop_token_ids=[], buckets=buckets))
     for rows in results[1:]:
-        for got, want in zip(rows, results[0]):
+        for got, want in zip(rows, results[0], strict=False):
             np.testing.assert_array_equal(got.tokens, want.tokens)
             np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=0, atol=1e-9)
     first = results[0][0]

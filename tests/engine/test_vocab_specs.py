@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from mock_server.engine.model import get_base_model
-from mock_server.engine.specs import (BASE_MODEL_ID, BASE_MODEL_SPECS, BUCKET_ARCHITECTURE,
-                                      BYTE_ARCHITECTURE, MAX_BUCKETS, MAX_VOCAB, ModelSpec)
+from mock_server.engine.specs import (
+    BASE_MODEL_ID,
+    BASE_MODEL_SPECS,
+    BUCKET_ARCHITECTURE,
+    BYTE_ARCHITECTURE,
+    MAX_BUCKETS,
+    MAX_VOCAB,
+    ModelSpec,
+)
 
 
 @pytest.mark.parametrize("vocab, eos, bos", [

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_folders import write_model_folder
 from tokenizers import Tokenizer
 
 from grpo.cli import main
 from mock_server.testing import MockWhitney
-from model_folders import write_model_folder
 
 MARGIN = 0.15
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from model_folders import train_tokenizer, write_model_folder
 from tokenizers import Tokenizer, processors
 
 from grpo.algorithms import get_algorithm
@@ -17,7 +18,6 @@ from grpo.config import LoopConfig
 from grpo.errors import RewardError, TrainingError
 from grpo.rewards import UserReward
 from grpo.tokenizers import ByteTokenizer, HFTokenizer, load_tokenizer
-from model_folders import train_tokenizer, write_model_folder
 
 MODEL = {"id": "m", "vocab_size": 200, "eos_token_id": 1, "max_context": 64,
          "max_lora_rank": 8}

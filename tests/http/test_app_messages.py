@@ -9,8 +9,8 @@ ids; "the envelope" is ``conftest.expect_error``.
 from __future__ import annotations
 
 import pytest
-
 from conftest import API, expect_error, new_run
+
 from mock_server.http.faults import FAULT_KINDS, TARGETS
 from mock_server.http.routes import ROUTES
 

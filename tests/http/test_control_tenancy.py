@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from conftest import API, KEY, OTHER_KEY, expect_error, new_run
+
 from mock_server import InProcessTransport, create_app
 from mock_server.testing import MockWhitney
 

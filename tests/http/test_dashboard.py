@@ -16,10 +16,17 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import (
-    ADAMW, API, KEY, OTHER_KEY, ce_datum, new_run, text_tokens, wait_held,
+    ADAMW,
+    API,
+    KEY,
+    OTHER_KEY,
+    ce_datum,
+    new_run,
+    text_tokens,
+    wait_held,
 )
+
 from mock_server.backend import readmodel
 
 STATE = "/_mock/ui/state"
@@ -184,7 +191,7 @@ def test_the_timeline_is_what_the_client_did_in_seq_order(ui_mock: Any) -> None:
     # previews: the sampled bytes decoded, EOS marked
     previews = by_seq[2]["previews"]
     assert len(previews) == 2
-    for shown, sequence in zip(previews, sample["sequences"]):
+    for shown, sequence in zip(previews, sample["sequences"], strict=False):
         text = bytes(t for t in sequence["tokens"] if t < 256).decode("utf-8", "replace")
         assert shown["text"].replace("\u27e8eos\u27e9", "") == text
         assert shown["tokens"] == len(sequence["tokens"])

@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import ADAMW, API, ce_datum, new_run, text_tokens
 
 CHROMIUM = os.environ.get("WHITNEY_CHROMIUM", "/usr/bin/chromium")
@@ -107,7 +106,8 @@ def shown_run(driver: Any) -> str | None:
 
 
 def curve_points(driver: Any, metric: str) -> int:
-    found = js(driver, "const s = document.querySelector(`svg.curve[data-metric='${arguments[0]}']`);"
+    found = js(driver, "const s = document.querySelector("
+                       "`svg.curve[data-metric='${arguments[0]}']`);"
                        "return s ? Number(s.dataset.points) : -1;", metric)
     return int(found)
 
@@ -233,7 +233,8 @@ def test_the_dashboard_shows_training_live(browser: Any, artifacts: Path) -> Non
                                  ".textContent;")
         assert fault_fired.split(" / ")[0] != "0", fault_fired
         driver.save_screenshot(str(artifacts / "dashboard.png"))
-        first_key_ids = {result.session_id, result.run_id} | set(js(driver, "return [...document.querySelectorAll('[data-session-id],"
+        first_key_ids = {result.session_id, result.run_id} | set(js(
+            driver, "return [...document.querySelectorAll('[data-session-id],"
                                         " [data-run-id]')].map(e => e.dataset.sessionId ||"
                                         " e.dataset.runId);"))
         plain.close()

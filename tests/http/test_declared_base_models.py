@@ -20,12 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import ADAMW
+from model_folders import write_model_folder
+
 from mock_server import InProcessTransport, create_app
 from mock_server.engine.specs import ModelSpec
 from mock_server.testing import MockWhitney
-from model_folders import write_model_folder
 
 API = "/v1/training"
 KEY = "whitney-mock-key"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 from conftest import API, KEY, OTHER_KEY, expect_error, new_run
+
 from mock_server import Features
 
 
@@ -48,7 +49,7 @@ def test_exports_download_after_close_until_eviction(make_mock) -> None:
     close_empty_sessions(client, 2)  # still inside the window of 3
     assert client.get(urls["adapter_config.json"]).status_code == 200
     close_empty_sessions(client, 1)  # now evicted
-    for name, url in urls.items():
+    for _name, url in urls.items():
         error = expect_error(client.get(url), 404, "export_not_found")
         assert "closed" in error["message"] and "evicted" in error["message"], error
         assert run.session_id in error["message"]

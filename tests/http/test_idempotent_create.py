@@ -13,8 +13,8 @@ import threading
 
 import httpx
 import pytest
-
 from conftest import API, KEY, MODEL, OTHER_KEY, FakeClock, expect_error
+
 from mock_server import Features
 
 RUN_BODY = {"base_model": MODEL, "lora": {"rank": 2, "alpha": 4.0, "seed": 1},

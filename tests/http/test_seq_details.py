@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from conftest import ADAMW, API, KEY, ce_datum, expect_error, new_run, text_tokens, wait_held
+
 from mock_server import Features
 
 FB = {"loss_function": "cross_entropy", "loss_config": {},

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import API, KEY, MODEL, OTHER_KEY, FakeClock, expect_error
+
 from mock_server import Features
 
 RUN_BODY = {"base_model": MODEL, "lora": {"rank": 2, "alpha": 4.0, "seed": 1},
@@ -150,7 +150,7 @@ def test_listing_equals_the_book_for_every_filter_and_page_size(make_mock, seed)
             for limit in (1, 2, 3, 50):
                 assert comparable(listing(client, limit, **flt)) == expected, (key, flt, limit)
     # every listed view is exactly GET /sessions/{sid}
-    for key, client in clients.items():
+    for client in clients.values():
         for view in listing(client, 7):
             assert client.get(f"{API}/sessions/{view['session_id']}").json() == view
 

@@ -29,8 +29,13 @@ from conformance import all_checks, run_suite
 from conformance.options import Options
 from conformance.registry import Status
 from conformance.runner import Summary
-from conformance.target import (EMBEDDED_API_KEY, EMBEDDED_BASE_URL, EMBEDDED_DEFAULTS,
-                                EMBEDDED_SECOND_API_KEY, Target)
+from conformance.target import (
+    EMBEDDED_API_KEY,
+    EMBEDDED_BASE_URL,
+    EMBEDDED_DEFAULTS,
+    EMBEDDED_SECOND_API_KEY,
+    Target,
+)
 from mock_server import Backend, InProcessTransport
 from mock_server.testing.switches import create_app_with
 from mock_server.testing.variants import LEGAL_VARIANTS
@@ -140,7 +145,7 @@ def strict_findings(summary: Summary) -> set[tuple[str, str]]:
     """Every strict-only finding of a run, classified: SCHEMA-1's whole list of response
     problems, and each other check's notes."""
     found: set[tuple[str, str]] = set()
-    for check_id, problem in summary.strict_problems:
+    for _check_id, problem in summary.strict_problems:
         found |= classify(SCHEMA_1, problem)
     for outcome in summary.outcomes:
         if outcome.check.id != SCHEMA_1:
@@ -153,7 +158,8 @@ def test_every_variant_is_documented_and_expected() -> None:
     assert set(EXPECTED) == set(LEGAL_VARIANTS)
     assert len(LEGAL_VARIANTS) >= 10
     for name, doc in LEGAL_VARIANTS.items():
-        assert re.search(r"\b[A-Z]+-\d\b|[Ss]ection \d", doc), f"{name}: its docstring cites no rule"
+        assert re.search(r"\b[A-Z]+-\d\b|[Ss]ection \d", doc), \
+            f"{name}: its docstring cites no rule"
 
 
 @pytest.mark.parametrize("variant", sorted(EXPECTED))
