@@ -61,7 +61,7 @@ class Config:
     seed: int = 0
     dropped_creations: int = 4  # per creation kind (create_session, create_run); 0: none
     violations: tuple[str, ...] = ()  # mock_server.testing.violations, in-process only: proves the
-    # soak's checks can fail (tests/test_soak_short.py)
+    # soak's checks can fail (tests/benchmarks/test_soak_short.py)
 
 
 @dataclass

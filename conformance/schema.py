@@ -3,8 +3,8 @@
 Where the contract file comes from: there is one copy, ``conformance/openapi.yaml``, package
 data read through :mod:`importlib.resources` wherever the package is installed. The
 repository's ``openapi.yaml`` (the path the product promises) is a relative symlink to it
-(``tests/test_conformance_schema.py`` checks both). ``--openapi PATH`` points the suite at
-another file (for example a newer contract under review).
+(``tests/conformance/test_conformance_schema.py`` checks both). ``--openapi PATH`` points the
+suite at another file (for example a newer contract under review).
 
 Profiles (:data:`PROFILES`): ``contract`` validates against the file as it is: response objects
 open to extra fields, ``error.type`` free except where a rule names it (EXT-1). ``strict``

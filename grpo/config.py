@@ -27,7 +27,7 @@ class AdamW:
         return {key: float(value) for key, value in asdict(self).items()}
 
 
-# The reference job's optimizer, chosen by measurement (tests/test_grpo_learning.py) and sent
+# The reference job's optimizer, chosen by measurement (tests/grpo/test_grpo_learning.py) and sent
 # in full with every optim_step; it is a choice of this loop, not a server default (OPT-1).
 DEFAULT_ADAMW = AdamW(
     learning_rate=0.005, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip_norm=1.0

@@ -10,7 +10,7 @@ task's rule, divided by ``length``: rewards lie in [0, 1], a completion that sto
 forfeits the rest, and the many reward levels make groups of equal rewards rare.
 
 The tasks were picked so that the tiny model learns them in tens of cycles (see the report in
-``tests/test_grpo_learning.py``): its features are the current token, the previous token and
+``tests/grpo/test_grpo_learning.py``): its features are the current token, the previous token and
 a running average of the prefix, so rules about the next character given the current one
 (``syllables``, ``vowels``) are learnable quickly, and ``case`` needs the prompt.
 """

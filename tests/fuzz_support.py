@@ -1,4 +1,5 @@
-"""Request generators and per-request invariants for ``tests/test_fuzz.py`` (ERR-1..4, ORD-3/4).
+"""Request generators and per-request invariants for ``tests/http/test_fuzz.py``
+(ERR-1..4, ORD-3/4).
 
 ``draw_request`` builds one hostile request (mutated, extreme-valued, wrong-seq, truncated,
 non-UTF-8 or non-object bodies; ``dump`` writes them, duplicate keys and raw literals

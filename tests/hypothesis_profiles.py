@@ -6,7 +6,7 @@
   on any machine with ``python -m pytest <the failing test>``.
 - ``thorough``: many more examples and longer state-machine runs, random (a new seed per run,
   failures saved in ``.hypothesis/``); ``HYPOTHESIS_PROFILE=thorough python -m pytest
-  tests/test_properties_*.py tests/test_stateful_api.py --hypothesis-show-statistics``.
+  tests/*/test_properties_*.py tests/backend/test_stateful_api.py --hypothesis-show-statistics``.
 
 No profile has a deadline: the machine is shared, and timed assertions are banned in unit tests.
 

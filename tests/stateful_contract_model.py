@@ -1,4 +1,5 @@
-"""The plain-dict model of the contract behind ``tests/test_stateful_api.py``, and its bodies.
+"""The plain-dict model of the contract behind ``tests/backend/test_stateful_api.py``, and its
+bodies.
 
 ``Model`` holds what the contract (and the mock's documented choices: a retired session's runs
 list no versions, a session closed ``retention`` retirements ago is forgotten) says the server
@@ -237,7 +238,7 @@ class Model:
 
     def expose_bug_1(self) -> None:
         """A run leaves ``cancelling`` other than by its delay: the path of BUG-1 (fixed, see
-        tests/test_regressions.py); counted so the statistics show it is still exercised."""
+        tests/backend/test_regressions.py); counted so the statistics show it is still exercised."""
         event("BUG-1 exposed")
 
     def open_sessions(self) -> int:

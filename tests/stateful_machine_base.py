@@ -1,4 +1,5 @@
-"""Request plumbing and outcome checks of ``WhitneyMachine`` (``tests/test_stateful_api.py``).
+"""Request plumbing and outcome checks of ``WhitneyMachine``
+(``tests/backend/test_stateful_api.py``).
 
 ``WhitneyMachineBase`` owns the in-process mock, its fake clock and the model, and every step the
 rules share: sending a request (never a 5xx), holding one behind a gap, checking one

@@ -4,7 +4,7 @@ Every model forbids unknown fields (ERR-4) and is strict: a float field accepts 
 booleans are never numbers, strings are never numbers, and non-finite numbers are refused
 (ERR-2). An integer field accepts any JSON number whose value is an integer (contract 1.1, as
 JSON Schema counts integers: ``565``, ``565.0`` and ``5.65e2`` alike); ``1.5`` stays 422.
-``tests/test_schema_drift.py`` proves these models and ``openapi.yaml`` agree.
+``tests/conformance/test_schema_drift.py`` proves these models and ``openapi.yaml`` agree.
 
 Two paths read a body, with one result (:func:`decode`):
 

@@ -37,7 +37,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -124,26 +124,10 @@ def _one_blas_thread(method: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        # Only the libraries not already at one thread are touched (a ctypes call each,
-        # ~1 us); threadpoolctl's limit() re-reads every library's state (~8 us a call).
-        raised = [(lib, n) for lib in _blas_libraries() if (n := lib.get_num_threads()) != 1]
-        if not raised:
+        with _BLAS.limit(limits=1, user_api="blas"):
             return method(*args, **kwargs)
-        for lib, _ in raised:
-            lib.set_num_threads(1)
-        try:
-            return method(*args, **kwargs)
-        finally:
-            for lib, n in raised:
-                lib.set_num_threads(n)
 
     return wrapper
-
-
-@functools.cache
-def _blas_libraries() -> tuple[Any, ...]:
-    """threadpoolctl's controllers of the BLAS libraries loaded in this process."""
-    return tuple(lib for lib in _BLAS.lib_controllers if lib.user_api == "blas")
 
 
 class BaseModel:

@@ -19,7 +19,7 @@ delegates to it.
 To add a switch: name and describe it in its family's catalogue (``VIOLATIONS`` or
 ``LEGAL_VARIANTS``), implement it in that family's module (a ``Backend`` subclass overriding
 seams, and/or a reader or middleware), and list what the conformance suite must make of it in
-``tests/test_conformance_violations.py`` or ``tests/testing/test_legal_variants.py``.
+``tests/testing/test_conformance_violations.py`` or ``tests/testing/test_legal_variants.py``.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 ``create_app(violations={...})`` (or :func:`mock_server.testing.switches.create_app_with`)
 switches them on; they are reachable only in-process (no HTTP route, no environment variable,
 no control-plane field). Each one breaks one rule the way a real server plausibly would.
-``tests/test_conformance_violations.py`` holds, for each switch, the exact set of rule ids the
-conformance suite must then fail, and proves it.
+``tests/testing/test_conformance_violations.py`` holds, for each switch, the exact set of rule
+ids the conformance suite must then fail, and proves it.
 
 They are implemented here only, in three places a faithful mock has as trivial seams:
 

@@ -2,7 +2,7 @@
 EXPORT-2): ``unsupported`` on a server that does not declare them (the mock built as a 1.0
 server feature by feature), ``pass`` on the mock that declares them, and nothing else changes:
 every other check passes either way. That they can fail is in
-``tests/test_conformance_violations.py`` (one switch per rule, declared then broken).
+``tests/testing/test_conformance_violations.py`` (one switch per rule, declared then broken).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The conformance suite fails a server only for breaking the contract: the mirror of
-``tests/test_conformance_violations.py``.
+``tests/testing/test_conformance_violations.py``.
 
 Each legal variant of the mock (``mock_server.testing.variants``) uses one freedom the contract
 leaves a server. For each, the ``contract`` profile must pass it (exit 0, no failure, every

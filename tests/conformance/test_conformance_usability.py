@@ -32,7 +32,7 @@ from conformance.target import (
 )
 from mock_server import InProcessTransport, create_app
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

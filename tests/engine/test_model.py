@@ -30,7 +30,7 @@ from mock_server.engine.specs import (
 )
 
 MODEL = get_base_model(BASE_MODEL_ID)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def perturbed_lora(rank: int = 4, alpha: float = 8.0, seed: int = 3, scale: float = 0.2) -> Lora:

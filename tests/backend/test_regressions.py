@@ -35,7 +35,8 @@ def assert_still_serving(client: Any, run_id: str) -> None:
 
 
 def test_bug_1_run_failed_by_the_server_while_cancelling_then_forgotten(make_mock):
-    """Found by ``tests/test_stateful_api.py`` (``AVOID_BUG_1`` steers the machine around it):
+    """Found by ``tests/backend/test_stateful_api.py`` (``AVOID_BUG_1`` steers the machine
+    around it):
     cancel (LIFE-7) -> the control plane fails the run while it is ``cancelling`` -> close the
     session -> ``closed_retention`` more sessions close -> time passes ``cancel_at``."""
     clock = FakeClock()

@@ -21,7 +21,8 @@ purpose (pipelines, cancel or finish with a request held) gets ``HOLD_MS``, so a
 cannot turn the hold into a ``seq_gap``.
 
 Where the contract is silent the model follows the mock's documented choices (ARCHITECTURE.md,
-tests/test_expiry_memory.py): a retired session's runs list no versions, and a session closed
+tests/backend/test_expiry_memory.py):
+a retired session's runs list no versions, and a session closed
 ``RETENTION`` retirements ago is forgotten with its runs and checkpoints (404).
 """
 

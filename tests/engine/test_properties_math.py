@@ -4,7 +4,8 @@
   projection, so idempotent; equivariant to scaling; order-preserving; Σ A·r = G·var(r)), and
   the policy-gradient identity they exist for: on-policy datums built with ``rl_datum`` make
   every RL loss's gradient the advantage-weighted cross-entropy gradient (LOSS-1..5).
-  ``tests/test_grpo_helpers.py`` covers the formulas, zero mean, unit std, shifts, permutations.
+  ``tests/grpo/test_grpo_helpers.py`` covers the formulas, zero mean, unit std, shifts,
+  permutations.
 - ``forward_backward`` over HTTP against central finite differences of the contract formulas
   (LOSS-1..5, written out here), for random datums, configs, adapters and ratios, along random
   directions in each LoRA matrix (the model is float64).

@@ -46,7 +46,7 @@ from conftest import (
 import mock_server.__main__ as cli
 from mock_server import Backend
 
-SPEC_PATH = Path(__file__).resolve().parents[1] / "openapi.yaml"
+SPEC_PATH = Path(__file__).resolve().parents[2] / "openapi.yaml"
 SPEC = yaml.safe_load(SPEC_PATH.read_text())
 METHODS = ("get", "post", "put", "patch", "delete")
 CONTRACT_OPERATIONS = sorted(
@@ -275,7 +275,16 @@ def test_sec_1_every_key_is_compared_with_compare_digest_whatever_the_outcome(mo
 # -- the CLI's bind ------------------------------------------------------------------------------
 @pytest.fixture
 def fake_uvicorn(monkeypatch):
+    import logging
+
     import uvicorn
+
+    # main() configures the mock_server loggers for a terminal (handler on this test's captured
+    # stderr, no propagation): undo it, or later tests' caplog sees no request lines.
+    logger = logging.getLogger("mock_server")
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(logger, "level", logger.level)
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))

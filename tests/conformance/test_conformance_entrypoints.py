@@ -29,7 +29,7 @@ from conformance.schema import contract_bytes
 from mock_server import create_app
 from mock_server.testing.mock import _UvicornThread
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KEYS = ("tcp-key-one-secret", "tcp-key-two-secret")
 
 

@@ -1,6 +1,6 @@
 """The GRPO client and loop under every server-side fault kind of the mock's control plane.
 
-``tests/test_grpo_loop.py`` injects faults on the client side (a tapping transport); here the
+``tests/grpo/test_grpo_loop.py`` injects faults on the client side (a tapping transport); here the
 mock itself misbehaves, through the ``whitney_mock`` / ``whitney_server`` fixtures, including a
 response dropped on a real socket. The reference for "recovered" is a fault-free run of the same
 loop on a fresh mock with the same seed: retries must be invisible in what was trained (ORD-3:

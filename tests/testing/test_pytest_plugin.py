@@ -12,7 +12,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "testing-your-training-code.md"
 SECTION = "## Testing your training code"
 

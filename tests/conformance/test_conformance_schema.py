@@ -14,7 +14,7 @@ import pytest
 import conformance
 from conformance.schema import CONTRACT_RESOURCE, STRICT_RESOURCE, OpenAPI, contract_bytes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 RUN_VIEW = {"run_id": "run_1", "session_id": "sess_1", "state": "active", "next_seq": 1,
             "step": 0, "versions": [], "created_at": "2026-01-01T00:00:00Z"}
