@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loss_reference import reference_loss, with_param
 
 from mock_server.engine.losses import LOSS_SPECS
 from mock_server.engine.model import get_base_model
@@ -68,30 +69,6 @@ def make_batch(lora: Lora, loss: str, seed: int, lengths=(6, 11, 1), mask_mode="
     return tokens, inputs
 
 
-def reference_loss(loss: str, p_list, inputs, config) -> float:
-    """The contract formulas, written out from the spec."""
-    total = 0.0
-    for p, inp in zip(p_list, inputs, strict=False):
-        if loss == "cross_entropy":
-            total += -np.sum(inp.get("weights", np.ones_like(p)) * p)
-            continue
-        q, adv = inp["logprobs"], inp["advantages"]
-        m = inp.get("mask", np.ones_like(p))
-        r = np.exp(p - q)
-        lo = config.get("clip_low_threshold", 0.8)
-        hi = config.get("clip_high_threshold", 1.2)
-        if loss == "importance_sampling":
-            total += -np.sum(m * r * adv)
-        elif loss == "ppo":
-            total += -np.sum(m * np.minimum(r * adv, np.clip(r, lo, hi) * adv))
-        elif loss == "cispo":
-            total += -np.sum(m * np.clip(r, lo, hi) * p * adv)
-        elif loss == "dro":
-            beta = config.get("beta", 0.05)
-            total += -np.sum(m * (p * adv - beta / 2 * (p - q) ** 2))
-    return float(total)
-
-
 def surrogate(loss, lora, tokens, inputs, config, frozen_ratio=None):
     """The differentiated objective as a function of the weights, through ``forward``.
 
@@ -99,10 +76,8 @@ def surrogate(loss, lora, tokens, inputs, config, frozen_ratio=None):
     """
     targets = [np.asarray(d["target_tokens"]).astype(int) for d in inputs]
     p_list = MODEL.forward(lora, tokens, targets)
-    if loss != "cispo":
-        return reference_loss(loss, p_list, inputs, config)
-    return float(-sum(np.sum(d.get("mask", 1.0) * c * p * d["advantages"])
-                      for d, c, p in zip(inputs, frozen_ratio, p_list, strict=False)))
+    return reference_loss(loss, p_list, inputs, config,
+                          frozen_ratio if loss == "cispo" else None)
 
 
 def frozen_cispo_ratio(lora, tokens, inputs, config):
@@ -111,10 +86,6 @@ def frozen_cispo_ratio(lora, tokens, inputs, config):
     lo, hi = config["clip_low_threshold"], config["clip_high_threshold"]
     return [np.clip(np.exp(p - d["logprobs"]), lo, hi)
             for p, d in zip(p_list, inputs, strict=False)]
-
-
-def with_param(lora: Lora, key: str, value: np.ndarray) -> Lora:
-    return Lora(params={**lora.params, key: value}, rank=lora.rank, alpha=lora.alpha)
 
 
 @pytest.mark.parametrize("mask_mode", ["random", "few_zeros", "ones", "none"])

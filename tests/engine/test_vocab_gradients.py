@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_cases import CASES, perturbed_lora
+from loss_reference import reference_loss, with_param
 
 from mock_server.engine.specs import Lora
 
@@ -45,33 +46,6 @@ def make_batch(case, lora: Lora, loss: str, seed: int, lengths=(6, 11, 1)):
                            "advantages": rng.standard_normal(n),
                            "mask": rng.choice([0.0, 1.0, 0.5], n, p=[0.2, 0.6, 0.2])})
     return tokens, inputs
-
-
-def reference_loss(loss: str, p_list, inputs, config, frozen_ratio=None) -> float:
-    """The contract formulas; for CISPO, ``frozen_ratio`` holds sg(clip(r)) when given."""
-    total = 0.0
-    for i, (p, inp) in enumerate(zip(p_list, inputs, strict=False)):
-        if loss == "cross_entropy":
-            total += -np.sum(inp["weights"] * p)
-            continue
-        q, adv, m = inp["logprobs"], inp["advantages"], inp["mask"]
-        r = np.exp(p - q)
-        lo = config.get("clip_low_threshold", 0.8)
-        hi = config.get("clip_high_threshold", 1.2)
-        if loss == "importance_sampling":
-            total += -np.sum(m * r * adv)
-        elif loss == "ppo":
-            total += -np.sum(m * np.minimum(r * adv, np.clip(r, lo, hi) * adv))
-        elif loss == "cispo":
-            clipped = np.clip(r, lo, hi) if frozen_ratio is None else frozen_ratio[i]
-            total += -np.sum(m * clipped * p * adv)
-        elif loss == "dro":
-            total += -np.sum(m * (p * adv - config["beta"] / 2 * (p - q) ** 2))
-    return float(total)
-
-
-def with_param(lora: Lora, key: str, value: np.ndarray) -> Lora:
-    return Lora(params={**lora.params, key: value}, rank=lora.rank, alpha=lora.alpha)
 
 
 @pytest.mark.parametrize("loss", LOSSES)
