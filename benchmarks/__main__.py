@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
+    from mock_server.engine.allocator import tune_malloc
+
+    # The server's malloc settings (python -m mock_server) for this process too, so that the
+    # in-process rows and their floors (bare numpy, the model's own compute) run under them.
+    tune_malloc()
+
     from .core import PRESETS
     from .report import print_report, write_json
     from .runner import GROUPS, run

@@ -12,7 +12,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import uvicorn
 
+    from mock_server.engine.allocator import tune_malloc
+
     from .fixtures import combined_app
+
+    tune_malloc()  # as python -m mock_server does
 
     uvicorn.run(combined_app(), host="127.0.0.1", port=args.port, log_level="warning")
     return 0

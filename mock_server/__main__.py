@@ -145,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import uvicorn
 
+    from .engine.allocator import tune_malloc
     from .http.app import create_app
     from .http.logs import configure_logging
 
     configure_logging(args.log_level)
+    tune_malloc()  # this process is the server: no per-call page faults (engine/allocator.py)
     keys = api_keys_from(args)
     try:
         base_models = base_models_from(args)
