@@ -43,6 +43,6 @@ def tune_malloc(trim_mb: int = 256) -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    trimmed = mallopt(_M_TRIM_THRESHOLD, trim_mb * 1024 * 1024) == 1
-    mapped = mallopt(_M_MMAP_THRESHOLD, _MMAP_MAX) == 1
+    trimmed = bool(mallopt(_M_TRIM_THRESHOLD, trim_mb * 1024 * 1024) == 1)
+    mapped = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_MAX) == 1)
     return trimmed and mapped
