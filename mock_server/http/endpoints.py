@@ -267,20 +267,27 @@ async def get_export_file(request: Request) -> Response:
 
 # -- primitives (ORD-1..5) ------------------------------------------------------------------
 def primitive_endpoint(primitive: str) -> Callable[[Request], Awaitable[Response]]:
-    """One endpoint per primitive: validate, then execute at the body's turn in the sequence."""
+    """One endpoint per primitive: validate, then execute at the body's turn in the sequence.
+
+    It answers its own ``WhitneyError``s in the envelope (the same response as
+    :func:`whitney_error`), so the hot path needs no exception-handler layer."""
     model = PRIMITIVES[primitive].body
 
     async def endpoint(request: Request) -> Response:
-        key = _key(request)
-        run_id = request.path_params["run_id"]
-        backend = _backend(request)
-        run = backend.owned_run(key, run_id)  # 404 before the body is read
         try:
-            body, digest = await _body(request, model)
-        except WhitneyError as exc:  # 400, 413, 422: refused before its turn (ORD-6)
-            raise backend.with_seq_state(run, exc) from None
-        outcome = await backend.submit(key=key, run_id=run_id, primitive=primitive, body=body,
-                                       digest=digest)
+            backend: Backend = request.app.state.backend
+            backend.tick()
+            key = backend.authenticate(authorization(request))
+            run_id = request.path_params["run_id"]
+            run = backend.owned_run(key, run_id)  # 404 before the body is read
+            try:
+                body, digest = await _body(request, model)
+            except WhitneyError as exc:  # 400, 413, 422: refused before its turn (ORD-6)
+                raise backend.with_seq_state(run, exc) from None
+            outcome = await backend.submit(key=key, run_id=run_id, primitive=primitive,
+                                           body=body, digest=digest)
+        except WhitneyError as exc:
+            return error_response(exc)
         headers = {"Whitney-Replayed": "true"} if outcome.replayed else None
         return json_response(outcome.payload, outcome.status, headers)
 
