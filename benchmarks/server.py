@@ -13,10 +13,12 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from mock_server.engine.allocator import tune_malloc
+    from mock_server.engine.model import pin_blas_threads
 
     from .fixtures import combined_app
 
     tune_malloc()  # as python -m mock_server does
+    pin_blas_threads()
 
     uvicorn.run(combined_app(), host="127.0.0.1", port=args.port, log_level="warning")
     return 0

@@ -34,11 +34,13 @@ def embedded_http_client(
     ``python -m mock_server --base-model ... --base-model-from ...``; neither = the built-in
     byte model. A bad declaration is a ``ValueError`` with one line naming it.
 
-    The mock computes in this process, so this also applies the server's glibc ``malloc``
-    settings to it (``mock_server.engine.allocator.tune_malloc``: no per-call page faults).
+    The mock computes in this process, so this also applies the server's process settings
+    to it: glibc ``malloc`` thresholds (``mock_server.engine.allocator.tune_malloc``: no
+    per-call page faults) and one BLAS thread (``mock_server.engine.model.pin_blas_threads``).
     """
     from mock_server import InProcessTransport, create_app
     from mock_server.engine.allocator import tune_malloc
+    from mock_server.engine.model import pin_blas_threads
     from mock_server.engine.specs import ModelSpec, base_model_from_folder
 
     declared: list[str | ModelSpec] = list(base_models)
@@ -49,6 +51,7 @@ def embedded_http_client(
             raise ValueError(f"--mock-base-model-from {folder}: {exc}") from None
     key = api_key or EMBEDDED_API_KEY
     tune_malloc()
+    pin_blas_threads()
     app = create_app(
         api_keys=(key,),
         seed=seed,

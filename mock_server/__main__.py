@@ -146,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from .engine.allocator import tune_malloc
+    from .engine.model import pin_blas_threads
     from .http.app import create_app
     from .http.logs import configure_logging
 
     configure_logging(args.log_level)
     tune_malloc()  # this process is the server: no per-call page faults (engine/allocator.py)
+    pin_blas_threads()  # and one BLAS thread for good: the per-call guard has nothing to do
     keys = api_keys_from(args)
     try:
         base_models = base_models_from(args)

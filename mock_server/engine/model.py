@@ -37,7 +37,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -119,15 +119,36 @@ def _one_blas_thread(method: Callable[P, R]) -> Callable[P, R]:
 
     The matrices here are small: a second OpenBLAS thread gains little when idle, and on a
     shared 2-core CI machine its spin-waiting made forward_backward 2-10x slower (8 x 128
-    tokens: 6 ms single-threaded, 14-70 ms with two threads). Restored on exit (~16 us).
+    tokens: 6 ms single-threaded, 14-70 ms with two threads). When every BLAS library is
+    already at one thread (``OPENBLAS_NUM_THREADS=1``, or the server's
+    :func:`pin_blas_threads`) there is nothing to do: one ``get_num_threads`` per library,
+    ~1 us. Otherwise threadpoolctl's ``limit()`` sets one thread and restores on exit
+    (~12 us); it is not replaced by a hand-rolled set-and-restore, because OpenBLAS's count is
+    process-wide and such a restore from one thread can land under another thread's call
+    (the tests run uvicorn in a thread beside in-process calls, and their results differed).
     """
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if all(lib.get_num_threads() == 1 for lib in _blas_libraries()):
+            return method(*args, **kwargs)
         with _BLAS.limit(limits=1, user_api="blas"):
             return method(*args, **kwargs)
 
     return wrapper
+
+
+@functools.cache
+def _blas_libraries() -> tuple[Any, ...]:
+    """threadpoolctl's controllers of the BLAS libraries loaded in this process."""
+    return tuple(lib for lib in _BLAS.lib_controllers if lib.user_api == "blas")
+
+
+def pin_blas_threads() -> None:
+    """Set every BLAS library of this process to one thread for good (no restore): for the
+    processes the kit owns, such as ``python -m mock_server``, where it makes the per-call
+    guard free. Library users who want the same set ``OPENBLAS_NUM_THREADS=1``."""
+    _BLAS.limit(limits=1, user_api="blas")
 
 
 class BaseModel:
