@@ -4,12 +4,13 @@ server in a child process (so client and server do not share one GIL, as in real
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from mock_server import create_app
+from mock_server.engine.losses import resolve_loss_config
+from mock_server.engine.model import get_base_model
 from mock_server.engine.specs import BASE_MODEL_ID, BOS_TOKEN
 
 API_KEY = "whitney-mock-key"
@@ -135,20 +138,98 @@ def padded_json(size: int) -> dict[str, str]:
     return {"pad": "x" * (size - len(b'{"pad":""}'))}
 
 
+LOGPROB_SEED, FORWARD_SEED = 1, 3  # the rng seeds of group 1's token ids and forward body
+
+
+def logprob_tokens(count: int) -> list[int]:
+    """Group 1's logprobs tokens (the mock's requests and the floors' compute use the same)."""
+    return text_tokens(np.random.default_rng(LOGPROB_SEED), count)
+
+
+def score_call(tokens: int, rank: int) -> Callable[[], Any]:
+    """The model's own compute of one ``logprobs`` call on ``logprob_tokens(tokens)``:
+    ``score`` on a fresh rank-``rank`` adapter (what version 0 of a new run holds), no HTTP."""
+    model = get_base_model(BASE_MODEL_ID)
+    lora = model.init_lora(rank, 2.0 * rank, seed=1)
+    ids = np.asarray(logprob_tokens(tokens), dtype=np.int64)
+    return lambda: model.score(lora, ids)
+
+
+def forward_call(datums: int, tokens: int, rank: int
+                 ) -> tuple[dict[str, Any], Callable[[], Any]]:
+    """Group 1's forward_backward body and the model's own compute of it (``loss_and_grad`` on
+    the same arrays, on a fresh rank-``rank`` adapter), no HTTP."""
+    body = forward_body(np.random.default_rng(FORWARD_SEED), datums, tokens)
+    model = get_base_model(BASE_MODEL_ID)
+    lora = model.init_lora(rank, 2.0 * rank, seed=1)
+    ids = [np.asarray(d["model_input"]["token_ids"], dtype=np.int64) for d in body["data"]]
+    inputs = [{k: np.asarray(v, dtype=np.float64) for k, v in d["loss_inputs"].items()}
+              for d in body["data"]]
+    config = resolve_loss_config(body["loss_function"], {})
+
+    def compute() -> None:
+        model.loss_and_grad(lora, ids, inputs, body["loss_function"], config, need_grad=True)
+
+    return body, compute
+
+
+@functools.lru_cache(maxsize=8)
+def _floor_compute(kind: str, shape: tuple[int, ...]) -> Callable[[], Any]:
+    if kind == "score":
+        return score_call(*shape)
+    return forward_call(*shape)[1]
+
+
 def floor_app() -> Starlette:
-    """``POST /floor/{size}``: read the body, answer a JSON body of ``size`` bytes. The least
-    a JSON endpoint can do; the mock's request overhead is measured against it."""
-    cache: dict[int, dict[str, str]] = {}
+    """The floors: ``POST /floor/{size}`` reads the body and answers a JSON body of ``size``
+    bytes, the least a JSON endpoint can do. ``POST /floor/{size}/score/{tokens}/{rank}`` and
+    ``/floor/{size}/forward_backward/{datums}/{tokens}/{rank}`` also run the model's own
+    compute of the matching mock call (:func:`score_call`, :func:`forward_call`) inside the
+    request, as any server that computes the answer must: the composed floor, with the
+    compute's cache effects on the request around it included."""
+    cache: dict[int, bytes] = {}
+
+    def answer(size: int) -> Response:
+        document = cache.get(size)
+        if document is None:
+            document = cache[size] = orjson.dumps(padded_json(size))
+        return Response(document, media_type="application/json")
 
     async def floor(request: Request) -> Response:
         await request.body()
-        size = request.path_params["size"]
-        document = cache.get(size)
-        if document is None:
-            document = cache[size] = padded_json(size)
-        return Response(orjson.dumps(document), media_type="application/json")
+        return answer(request.path_params["size"])
 
-    return Starlette(routes=[Route("/floor/{size:int}", floor, methods=["POST"])])
+    async def computing(request: Request) -> Response:
+        await request.body()
+        params = request.path_params
+        kind = "score" if "datums" not in params else "forward_backward"
+        shape = tuple(params[name] for name in ("datums", "tokens", "rank") if name in params)
+        _floor_compute(kind, shape)()
+        return answer(params["size"])
+
+    return Starlette(routes=[
+        Route("/floor/{size:int}", floor, methods=["POST"]),
+        Route("/floor/{size:int}/score/{tokens:int}/{rank:int}", computing, methods=["POST"]),
+        Route("/floor/{size:int}/forward_backward/{datums:int}/{tokens:int}/{rank:int}",
+              computing, methods=["POST"]),
+    ])
+
+
+def client_floor_app(size: int) -> Any:
+    """A raw ASGI app (no framework) that reads the body and answers ``size`` bytes of JSON:
+    what ``httpx.ASGITransport`` itself costs, the client's share of any in-process floor."""
+    body = orjson.dumps(padded_json(size))
+    start = {"type": "http.response.start", "status": 200,
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
+
+    return app
 
 
 def combined_app() -> Any:
