@@ -131,7 +131,8 @@ async def over_uvicorn(cfg: Config, server: Server) -> list[Row]:
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with httpx.AsyncClient(base_url=f"{server.url}{API}", headers=AUTH, limits=limits,
                                  timeout=60.0) as client, \
-            httpx.AsyncClient(base_url=server.url, limits=limits, timeout=60.0) as floor:
+            httpx.AsyncClient(base_url=server.url, headers=AUTH, limits=limits,
+                              timeout=60.0) as floor:
         run_id = await new_run(client, rank)
         saved = await client.post(f"/runs/{run_id}/save_weights_for_sampler",
                                   json={"seq": 1, "version": 0})
@@ -165,7 +166,8 @@ async def forward_over_uvicorn(cfg: Config, server: Server) -> list[Row]:
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with httpx.AsyncClient(base_url=f"{server.url}{API}", headers=AUTH, limits=limits,
                                  timeout=60.0) as client, \
-            httpx.AsyncClient(base_url=server.url, limits=limits, timeout=60.0) as floor:
+            httpx.AsyncClient(base_url=server.url, headers=AUTH, limits=limits,
+                              timeout=60.0) as floor:
         run_id = await new_run(client, rank)
         path = f"/runs/{run_id}/forward_backward"
         size = await _answer_size(client, path, {**body, "seq": 1})
