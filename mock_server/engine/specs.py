@@ -41,8 +41,9 @@ MAX_CONTEXT_LIMIT = 1 << 24
 
 class NonFiniteLossError(ValueError):
     """The loss or a gradient is not finite (e.g. input ``logprobs`` so far below the current
-    ones that exp(p - q) overflows). Raised before anything is returned, so callers can answer
-    422 without touching training state (ERR-3)."""
+    ones that exp(p - q) overflows). Raised before anything is returned, so callers can refuse
+    the call without touching training state (ERR-3; the mock answers 409
+    ``non_finite_loss``)."""
 
 
 def _is_int(value: object) -> bool:
@@ -167,8 +168,6 @@ BASE_MODEL_SPECS: dict[str, ModelSpec] = {
 }
 
 
-#: Alias kept for callers that only need ``id in BASE_MODELS`` / ``sorted(BASE_MODELS)``.
-BASE_MODELS = BASE_MODEL_SPECS
 
 
 def lora_key(module: str, which: str) -> str:
