@@ -40,6 +40,18 @@ class DenseEmbedding:
             return np.take(self.table_ext, ids, axis=0)
         return np.take(self.table_ext, ids, axis=0, out=out)
 
+    def project(self, weight_D_X: FloatArray) -> tuple[FloatArray, ...]:
+        """Tables for :meth:`lookup_projected`: here the one table ``table_ext @ weight_D_X``
+        (V + 1, X). Its rows are gathered once per id, so a constant added to them is added
+        once per looked-up id."""
+        return (self.table_ext @ weight_D_X,)
+
+    def lookup_projected(self, tables: tuple[FloatArray, ...], ids: IntArray,
+                         out: FloatArray) -> FloatArray:
+        """``lookup(ids) @ weight_D_X`` (up to rounding) from :meth:`project`'s tables, into
+        ``out`` (``ids.shape + (X,)``): a gather instead of a matmul."""
+        return np.take(tables[0], ids, axis=0, out=out)
+
     def parameters(self) -> dict[str, FloatArray]:
         return {"embed_tokens.weight": self.table_ext[:-1].copy()}
 
@@ -93,6 +105,21 @@ class HashedEmbedding:
         else:
             np.take(self.low_ext, low, axis=0, out=out)
         out += np.take(self.high_ext, high, axis=0)
+        return out
+
+    def project(self, weight_D_X: FloatArray) -> tuple[FloatArray, ...]:
+        """Tables for :meth:`lookup_projected`: ``(LO @ weight_D_X, HI @ weight_D_X)``, each
+        with at most 1025 rows (no V-sized table). Every id gathers exactly one row of the
+        first, so a constant added to its rows is added once per looked-up id."""
+        return (self.low_ext @ weight_D_X, self.high_ext @ weight_D_X)
+
+    def lookup_projected(self, tables: tuple[FloatArray, ...], ids: IntArray,
+                         out: FloatArray) -> FloatArray:
+        """``lookup(ids) @ weight_D_X`` (up to rounding) from :meth:`project`'s tables, into
+        ``out`` (``ids.shape + (X,)``): ``LO'[low] + HI'[high]``, two gathers."""
+        low, high = self.rows(ids)
+        np.take(tables[0], low, axis=0, out=out)
+        out += np.take(tables[1], high, axis=0)
         return out
 
     def parameters(self) -> dict[str, FloatArray]:

@@ -128,8 +128,22 @@ def draw(weights_S_K: FloatArray, uniform_S: FloatArray) -> IntArray:
     """
     cdf_S_K = np.cumsum(weights_S_K, axis=-1)
     threshold_S = uniform_S * cdf_S_K[:, -1]
-    chosen_S: IntArray = np.count_nonzero(cdf_S_K < threshold_S[:, None], axis=-1).astype(np.int64)
-    return chosen_S
+    return _first_reaching(cdf_S_K, cdf_S_K[0], threshold_S,
+                           np.empty(cdf_S_K.shape, dtype=bool), len(cdf_S_K) == 1)
+
+
+def _first_reaching(cdf_S_K: FloatArray, cdf_K: FloatArray, threshold_S: FloatArray,
+                    reached_S_K: BoolArray, one_row: bool) -> IntArray:
+    """Per row, the first column whose running sum reaches the threshold (``threshold <=
+    cdf[:, -1]``): the count of entries below it, as a running sum of non-negative weights
+    never decreases. One row: a binary search; several: the first True of ``cdf >= t``
+    (argmax stops there), cheaper than counting the whole row."""
+    if one_row:
+        found_1: IntArray = np.searchsorted(cdf_K, threshold_S)
+        return found_1
+    np.greater_equal(cdf_S_K, threshold_S[:, None], out=reached_S_K)
+    found_S: IntArray = reached_S_K.argmax(axis=1)
+    return found_S
 
 
 def _stop_mask(tokens: IntArray, stop_ids: IntArray) -> BoolArray:
@@ -189,6 +203,9 @@ def sample_rows(
     logits_S_K = np.broadcast_to(first_logits_K, (num_samples, width))
     exp_S_K = np.empty((num_samples, width))
     cdf_S_K = np.empty((num_samples, width))
+    reached_S_K = np.empty((num_samples, width), dtype=bool)
+    cdf_K = cdf_S_K[0]
+    one_row = num_samples == 1
     untruncated = temperature == 1.0 and not 0 < top_k < vocab and top_p == 1.0
     uniform_C_S = offset_C_S = np.empty((0, num_samples))
     steps = max_tokens
@@ -203,14 +220,15 @@ def sample_rows(
             # The model keeps its logits in exp's range (a static shift or a per-row max), so
             # one exp serves the partition function and the draw; other logits are shifted.
             np.cumsum(np.exp(logits_S_K, out=exp_S_K), axis=1, out=cdf_S_K)
-            log_total_S = np.log(cdf_S_K[:, -1])
-            if not math.isfinite(log_total_S.sum()):
+            total_S = cdf_S_K[:, -1]
+            log_total_S = np.log(total_S)
+            if not math.isfinite(log_total_S[0] if one_row else log_total_S.sum()):
                 logits_S_K = logits_S_K - logits_S_K.max(axis=1, keepdims=True)
                 np.cumsum(np.exp(logits_S_K, out=exp_S_K), axis=1, out=cdf_S_K)
-                log_total_S = np.log(cdf_S_K[:, -1])
+                log_total_S = np.log(total_S)
             if untruncated:
-                threshold_S = uniform_C_S[chunk_at] * cdf_S_K[:, -1]
-                bucket_S = (cdf_S_K < threshold_S[:, None]).sum(axis=1)
+                threshold_S = uniform_C_S[chunk_at] * total_S  # in (0, total]: u <= 1
+                bucket_S = _first_reaching(cdf_S_K, cdf_K, threshold_S, reached_S_K, one_row)
             else:
                 bucket_S = draw(truncated_weights(logits_S_K, temperature=temperature,
                                                   top_k=top_k, top_p=top_p, buckets=buckets),
