@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sampling_reference import chi_square, reference_filter
 
 from mock_server.engine.model import get_base_model
 from mock_server.engine.specs import BASE_MODEL_ID, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, Lora
@@ -31,41 +32,6 @@ def next_token_logprobs(lora: Lora, prefix: np.ndarray) -> np.ndarray:
     targets[:, -1] = np.arange(VOCAB_SIZE)
     out = MODEL.forward(lora, [prefix] * VOCAB_SIZE, list(targets))
     return np.array([row[-1] for row in out])
-
-
-def reference_filter(logprobs_V: np.ndarray, temperature: float, top_k: int,
-                     top_p: float) -> np.ndarray:
-    """Normalised sampling distribution: temperature, keep the top-k, then the top-p nucleus."""
-    z = logprobs_V / temperature
-    probs = np.exp(z - z.max())
-    if top_k:
-        kth = np.sort(z)[-top_k]
-        probs[z < kth] = 0.0
-    probs /= probs.sum()
-    if top_p < 1.0:
-        kept = np.zeros(VOCAB_SIZE, dtype=bool)
-        mass = 0.0
-        for v in sorted(range(VOCAB_SIZE), key=lambda i: -probs[i]):
-            if mass >= top_p:
-                break
-            kept[v] = True
-            mass += probs[v]
-        kept |= probs == probs[kept].min()  # exact ties with the last kept token stay
-        probs[~kept] = 0.0
-        probs /= probs.sum()
-    return probs
-
-
-def chi_square_ok(counts_V: np.ndarray, probs_V: np.ndarray) -> tuple[float, int]:
-    """Pearson statistic with bins of expected count < 5 pooled; returns (stat, dof)."""
-    n = counts_V.sum()
-    expected = n * probs_V
-    small = expected < 5
-    obs = np.append(counts_V[~small], counts_V[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    keep = exp > 0
-    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-    return stat, int(keep.sum() - 1)
 
 
 def draw(**overrides):
@@ -155,7 +121,7 @@ def test_temperature_one_frequencies_match_softmax():
     sequences = draw(num_samples=n, max_tokens=1, seed=2024)
     counts = np.bincount([int(s.tokens[0]) for s in sequences], minlength=VOCAB_SIZE)
     probs = np.exp(next_token_logprobs(LORA, PROMPT))
-    stat, dof = chi_square_ok(counts, probs)
+    stat, dof = chi_square(counts, probs)
     assert stat < dof + 6 * np.sqrt(2 * dof), (stat, dof)
 
 
@@ -168,7 +134,7 @@ def test_truncated_frequencies_match_reference_filter():
     probs = reference_filter(next_token_logprobs(LORA, PROMPT), temperature, top_k, top_p)
     assert 1 < np.count_nonzero(probs) < top_k  # top-p really cut below top-k here
     assert not counts[probs == 0].any()
-    stat, dof = chi_square_ok(counts, probs)
+    stat, dof = chi_square(counts, probs)
     assert stat < dof + 6 * np.sqrt(2 * dof), (stat, dof)
 
 
@@ -179,7 +145,7 @@ def test_second_step_is_conditioned_on_the_first_token():
     top = int(np.bincount(firsts).argmax())
     seconds = np.array([int(s.tokens[1]) for s in sequences if s.tokens[0] == top])
     probs = np.exp(next_token_logprobs(LORA, np.append(PROMPT, top)))
-    stat, dof = chi_square_ok(np.bincount(seconds, minlength=VOCAB_SIZE), probs)
+    stat, dof = chi_square(np.bincount(seconds, minlength=VOCAB_SIZE), probs)
     assert stat < dof + 6 * np.sqrt(2 * dof), (stat, dof)
 
 
