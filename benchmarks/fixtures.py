@@ -37,7 +37,8 @@ ADAMW = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
 # -- bodies ----------------------------------------------------------------------------------
 def text_tokens(rng: np.random.Generator, length: int) -> list[int]:
     """Printable-ASCII token ids (what the tiny byte model is trained to expect)."""
-    return rng.integers(32, 127, size=length).tolist()
+    tokens: list[int] = rng.integers(32, 127, size=length).tolist()
+    return tokens
 
 
 def forward_body(rng: np.random.Generator, datums: int, tokens: int, seq: int = 1,

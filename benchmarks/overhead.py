@@ -20,7 +20,8 @@ reading the same body and running ``loss_and_grad`` on the same data in the same
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import orjson
@@ -125,14 +126,23 @@ async def in_process(cfg: Config) -> list[Row]:
     ]
 
 
-async def over_uvicorn(cfg: Config, server: Server) -> list[Row]:
-    n, rank = cfg.logprob_tokens, cfg.lora_rank
-    tokens = logprob_tokens(n)
+@contextlib.asynccontextmanager
+async def _uvicorn_clients(server: Server
+                           ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """The mock's client (under ``API``) and the floors' (the server root): one keep-alive
+    connection each, the same headers."""
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with httpx.AsyncClient(base_url=f"{server.url}{API}", headers=AUTH, limits=limits,
                                  timeout=60.0) as client, \
             httpx.AsyncClient(base_url=server.url, headers=AUTH, limits=limits,
                               timeout=60.0) as floor:
+        yield client, floor
+
+
+async def over_uvicorn(cfg: Config, server: Server) -> list[Row]:
+    n, rank = cfg.logprob_tokens, cfg.lora_rank
+    tokens = logprob_tokens(n)
+    async with _uvicorn_clients(server) as (client, floor):
         run_id = await new_run(client, rank)
         saved = await client.post(f"/runs/{run_id}/save_weights_for_sampler",
                                   json={"seq": 1, "version": 0})
@@ -163,11 +173,7 @@ async def forward_over_uvicorn(cfg: Config, server: Server) -> list[Row]:
     running the model's own compute of it in the same server."""
     rank = cfg.lora_rank
     body, compute = forward_call(FB_DATUMS, FB_TOKENS, rank)
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    async with httpx.AsyncClient(base_url=f"{server.url}{API}", headers=AUTH, limits=limits,
-                                 timeout=60.0) as client, \
-            httpx.AsyncClient(base_url=server.url, headers=AUTH, limits=limits,
-                              timeout=60.0) as floor:
+    async with _uvicorn_clients(server) as (client, floor):
         run_id = await new_run(client, rank)
         path = f"/runs/{run_id}/forward_backward"
         size = await _answer_size(client, path, {**body, "seq": 1})
