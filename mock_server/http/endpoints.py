@@ -275,9 +275,8 @@ def primitive_endpoint(primitive: str) -> Callable[[Request], Awaitable[Response
 
     async def endpoint(request: Request) -> Response:
         try:
-            backend: Backend = request.app.state.backend
-            backend.tick()
-            key = backend.authenticate(authorization(request))
+            key = _key(request)
+            backend = _backend(request)
             run_id = request.path_params["run_id"]
             run = backend.owned_run(key, run_id)  # 404 before the body is read
             try:
